@@ -1,0 +1,1 @@
+"""correlate package."""

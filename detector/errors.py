@@ -1,0 +1,37 @@
+"""The exception tree of the detector, documented in one place.
+
+DetectorError
+├── ConfigError          settings or YAML mapping invalid
+├── ParseError           a record could not be decoded into signals (carries ``reason``)
+├── StoreError           the incident store failed (database, migrations)
+└── RunbookError         a runbook definition or its rendering is invalid
+"""
+
+
+class DetectorError(Exception):
+    """Root of every error the detector raises on purpose."""
+
+
+class ConfigError(DetectorError):
+    """Settings or the workload mapping file are invalid."""
+
+
+class ParseError(DetectorError):
+    """A record could not be turned into signals.
+
+    ``reason`` is a short machine-friendly code (``malformed_json``, ``unknown_format``,
+    ``missing_field`` ...); the message gives the detail.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class StoreError(DetectorError):
+    """The incident store failed."""
+
+
+class RunbookError(DetectorError):
+    """A runbook definition is invalid or a parameter failed to render."""

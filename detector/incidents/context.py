@@ -1,0 +1,29 @@
+"""The pure view of one incident that planning and question answering read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from detector.events.model import Signal
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentContext:
+    """What is known about one incident at a moment, in event time.
+
+    ``victims`` are the pods that died of GPU OOM, in order of their first OOM.
+    ``pods_seen`` are all pods of the workload that any signal named (healthy ones included).
+    ``signals`` are the evidence signals attached to the incident, ordered by time, and
+    include the engine_config / engine_pressure / gpu_memory signals of the workload's pods.
+    """
+
+    key: str
+    namespace: str
+    workload: str
+    workload_kind: str  # Deployment | StatefulSet | unknown
+    stage: str  # suspected | cascading | contained | resolved
+    opened_at: float  # Unix seconds
+    cluster: str | None = None
+    victims: tuple[str, ...] = ()
+    pods_seen: tuple[str, ...] = ()
+    signals: tuple[Signal, ...] = field(default_factory=tuple)

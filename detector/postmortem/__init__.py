@@ -1,0 +1,1 @@
+"""postmortem package."""

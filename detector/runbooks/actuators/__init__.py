@@ -1,0 +1,1 @@
+"""runbooks/actuators package."""
