@@ -1,0 +1,83 @@
+"""Settings: one object built by the CLI from the environment and passed down.
+
+Environment variables use the prefix ``DETECTOR_`` and ``__`` for nesting, e.g.
+``DETECTOR_DATABASE__URL=postgresql+psycopg://...`` or ``DETECTOR_CORRELATE__WINDOW_S=600``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from detector.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class DatabaseSettings(BaseModel):
+    """Where the incident store lives (SQLAlchemy URL)."""
+
+    url: str = "sqlite:///detector.db"
+
+
+class CorrelateSettings(BaseModel):
+    """Thresholds and windows of the cascade pattern (DESIGN.md section 4), in event time."""
+
+    window_s: float = Field(300.0, gt=0, description="victims inside this window form a cascade")
+    memory_ceiling: float = Field(0.95, gt=0, le=1, description="GPU memory used/total ceiling")
+    kv_cache_ceiling: float = Field(0.95, gt=0, le=1, description="KV-cache usage ceiling")
+    error_rate_per_s: float = Field(1.0, ge=0, description="5xx (502/503/504) rate threshold")
+    error_ratio: float = Field(0.1, ge=0, le=1, description="5xx share of requests threshold")
+    rate_window_s: float = Field(30.0, gt=0, description="window the 5xx rate is measured over")
+    sustain_s: float = Field(30.0, ge=0, description="how long 5xx must stay above threshold")
+    contained_after_s: float = Field(60.0, gt=0, description="no new OOM and 5xx below: contained")
+    quiet_s: float = Field(300.0, gt=0, description="contained this long: resolved")
+    oom_dedupe_s: float = Field(30.0, ge=0, description="one pod's OOM lines this close: one death")
+    max_evidence_per_kind: int = Field(50, gt=0, description="evidence kept per kind and incident")
+
+
+class Settings(BaseSettings):
+    """All settings of one detector process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DETECTOR_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    correlate: CorrelateSettings = Field(default_factory=CorrelateSettings)
+    cluster: str | None = None
+    workloads_file: Path | None = None
+    runbook_path: Path = REPO_ROOT / "runbooks" / "gpu-oom-cascade.yaml"
+    dry_run: bool = True
+
+
+class UpstreamMapping(BaseModel):
+    """Maps a load-balancer upstream name to the workload behind it."""
+
+    namespace: str
+    workload: str
+
+
+class WorkloadMap(BaseModel):
+    """The YAML workload mapping file: ``upstreams: {name: {namespace, workload}}``."""
+
+    model_config = {"extra": "forbid"}
+
+    upstreams: dict[str, UpstreamMapping] = Field(default_factory=dict)
+
+
+def load_workload_map(path: Path | None) -> WorkloadMap:
+    """Read the workload mapping YAML; an absent path gives an empty mapping.
+
+    Raises ConfigError when the file is unreadable or does not match the schema.
+    """
+    if path is None:
+        return WorkloadMap()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return WorkloadMap.model_validate(data)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise ConfigError(f"workload mapping {path}: {exc}") from exc

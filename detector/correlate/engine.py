@@ -1,0 +1,235 @@
+"""The correlator: signals in, decisions out; pure, event time only.
+
+One instance owns the state of the workloads whose records it sees (with Kafka, one
+consumer of the group owns a partition, and every record is keyed by workload).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from detector.config import CorrelateSettings, WorkloadMap
+from detector.correlate import pattern
+from detector.correlate.identity import WorkloadRef, WorkloadResolver
+from detector.correlate.state import Decision, IncidentState, WorkloadState
+from detector.correlate.windows import ERROR_STATUSES, RateWindow
+from detector.events.model import Signal, SignalKind
+from detector.incidents.context import IncidentContext
+
+
+class Correlator:
+    """Recognize GPU OOM cascades in a stream of signals (DESIGN.md section 4).
+
+    ``observe(signal)`` returns the decisions the signal caused, in order; the clock is the
+    latest event time seen, so out-of-order records within the windows are handled by
+    their own event time.
+    """
+
+    def __init__(
+        self,
+        settings: CorrelateSettings,
+        mapping: WorkloadMap | None = None,
+        cluster: str | None = None,
+    ) -> None:
+        self.cfg = settings
+        self.resolver = WorkloadResolver(mapping, cluster)
+        self.workloads: dict[WorkloadRef, WorkloadState] = {}
+        self.now = 0.0
+        self.unattributed = 0
+        self._open: dict[str, WorkloadState] = {}  # incident key -> workload state
+        self._contexts: dict[str, IncidentContext] = {}
+
+    def observe(self, signal: Signal) -> list[Decision]:
+        """Apply one signal; return the decisions it caused."""
+        ref = self.resolver.resolve(signal)
+        if ref is None:
+            self.unattributed += 1
+            return []
+        ws = self.workloads.get(ref)
+        if ws is None:
+            ws = self.workloads[ref] = WorkloadState(ref, RateWindow(self.cfg.rate_window_s))
+        if signal.pod and signal.kind is not SignalKind.LB_RESPONSE:
+            ws.pods.setdefault(signal.pod)
+        out = _HANDLERS[signal.kind](self, ws, signal)
+        if signal.time > self.now:
+            self.now = signal.time
+            out += self.advance(self.now)
+        if ws.incident is not None:
+            self._open[ws.incident.key] = ws
+        return out
+
+    def advance(self, now: float) -> list[Decision]:
+        """Apply the passage of event time to every open incident."""
+        out: list[Decision] = []
+        for key, ws in list(self._open.items()):
+            inc = ws.incident
+            out += pattern.on_clock(ws, now, self.cfg)
+            if inc is not None and ws.incident is not inc:
+                self._contexts[key] = _context(ws, inc)
+                del self._open[key]
+        return out
+
+    def context(self, key: str) -> IncidentContext | None:
+        """Return the pure view of incident ``key`` for planning and questions."""
+        ws = self._open.get(key)
+        if ws is not None and ws.incident is not None and ws.incident.key == key:
+            return _context(ws, ws.incident)
+        return self._contexts.get(key)
+
+    def observe_all(self, signals: Iterable[Signal]) -> list[Decision]:
+        """Apply many signals in order; return all decisions."""
+        out: list[Decision] = []
+        for signal in signals:
+            out += self.observe(signal)
+        return out
+
+    # --- handlers per signal kind -------------------------------------------------------
+
+    def _gpu_oom(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        return pattern.on_gpu_oom(ws, sig, self.cfg)
+
+    def _engine_dead(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        inc = ws.incident
+        if inc is None or sig.pod not in inc.victims:
+            return []
+        return pattern.attach(inc, "engine_dead", sig, f"engine dead in pod {sig.pod}", self.cfg)
+
+    def _crash_loop(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        ws.crash_loops.append(sig)
+        if ws.incident is None:
+            return []
+        return pattern.attach(ws.incident, "crash_loop", sig, pattern.crash_summary(sig), self.cfg)
+
+    def _host_oom(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        return pattern.on_host_oom(ws, sig, self.cfg)
+
+    def _pod_ready(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        inc = ws.incident
+        if inc is None or sig.pod not in inc.victims:
+            return []
+        return pattern.attach(inc, "pod_ready", sig, f"pod {sig.pod} Ready again", self.cfg)
+
+    def _engine_config(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        if sig.pod:
+            ws.engine_config[sig.pod] = sig
+        if ws.incident is None:
+            return []
+        summary = pattern.config_summary(sig)
+        return pattern.attach(ws.incident, "engine_config", sig, summary, self.cfg)
+
+    def _gpu_memory(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        key = str(sig.attrs.get("uuid") or f"{sig.node}/{sig.attrs.get('gpu')}")
+        used, free = ws.gpu_used.get(key, (None, None))
+        used = sig.attrs.get("used_bytes", used)
+        free = sig.attrs.get("free_bytes", free)
+        ws.gpu_used[key] = (used, free)
+        total = sig.attrs.get("total_bytes") or (
+            used + free if used is not None and free is not None else None
+        )
+        if used is None or not total:
+            return []
+        return self._pressure(ws, sig, "GPU memory", used / total, self.cfg.memory_ceiling)
+
+    def _engine_pressure(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        usage = sig.attrs.get("kv_cache_usage")
+        if not isinstance(usage, int | float):
+            return []
+        return self._pressure(ws, sig, "KV cache", float(usage), self.cfg.kv_cache_ceiling)
+
+    def _pressure(
+        self, ws: WorkloadState, sig: Signal, what: str, ratio: float, ceiling: float
+    ) -> list[Decision]:
+        """Track a pod at or under its memory ceiling; attach crossings as evidence."""
+        pod = sig.pod
+        if not pod:
+            return []
+        if ratio < ceiling:
+            ws.at_ceiling.pop(pod, None)
+            return []
+        was_at = pod in ws.at_ceiling
+        marked = Signal(
+            sig.kind, sig.time, sig.source, sig.namespace, pod, sig.container, sig.node,
+            sig.cluster, sig.labels, sig.owner,
+            {**sig.attrs, "ratio": ratio, "pressure": what}, sig.text,
+        )  # fmt: skip
+        ws.at_ceiling[pod] = marked
+        if was_at or ws.incident is None:
+            return []
+        return pattern.attach(
+            ws.incident, "gpu_memory", marked, pattern.pressure_summary(marked), self.cfg
+        )
+
+    def _lb_response(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        status = sig.attrs.get("status")
+        if not isinstance(status, int):
+            return []
+        ws.lb.add(sig.time, status, int(sig.attrs.get("count") or 1))
+        lb, cfg = ws.lb, self.cfg
+        above = lb.error_rate_per_s >= cfg.error_rate_per_s and lb.error_ratio >= cfg.error_ratio
+        if above and ws.errors_above_since is None:
+            return self._surge_started(ws, sig)
+        if not above and ws.errors_above_since is not None and status not in ERROR_STATUSES:
+            ws.errors_above_since = ws.errors_above_source = None
+            ws.surge_handled = False
+            return []
+        if above and not ws.surge_handled:
+            since = ws.errors_above_since or sig.time
+            if sig.time - since >= cfg.sustain_s:
+                ws.surge_handled = True
+                return pattern.on_surge_sustained(ws, sig.time, cfg)
+        return []
+
+    def _surge_started(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        lb = ws.lb
+        summary = (
+            f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
+            f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s "
+            f"over {lb.width_s:.0f} s"
+        )
+        attrs = {
+            **sig.attrs,
+            "summary": summary,
+            "error_rate_per_s": round(lb.error_rate_per_s, 3),
+            "request_rate_per_s": round(lb.request_rate_per_s, 3),
+            "error_ratio": round(lb.error_ratio, 3),
+            "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
+            "window_s": lb.width_s,
+        }
+        marked = Signal(
+            sig.kind, sig.time, sig.source, sig.namespace, sig.pod, sig.container, sig.node,
+            sig.cluster, sig.labels, sig.owner, attrs, sig.text,
+        )  # fmt: skip
+        ws.errors_above_since = sig.time
+        ws.errors_above_source = marked
+        if ws.incident is None:
+            return []
+        return pattern.attach(ws.incident, "lb_errors", marked, summary, self.cfg)
+
+
+def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:
+    signals = sorted(inc.signals, key=lambda s: s.time)
+    return IncidentContext(
+        key=inc.key,
+        namespace=ws.ref.namespace,
+        workload=ws.ref.name,
+        workload_kind=ws.ref.kind,
+        stage=inc.stage.value,
+        opened_at=inc.opened_at,
+        cluster=ws.ref.cluster,
+        victims=tuple(inc.victims),
+        pods_seen=tuple(ws.pods),
+        signals=tuple(signals),
+    )
+
+
+_HANDLERS = {
+    SignalKind.GPU_OOM: Correlator._gpu_oom,
+    SignalKind.ENGINE_DEAD: Correlator._engine_dead,
+    SignalKind.CRASH_LOOP: Correlator._crash_loop,
+    SignalKind.HOST_OOM: Correlator._host_oom,
+    SignalKind.POD_READY: Correlator._pod_ready,
+    SignalKind.LB_RESPONSE: Correlator._lb_response,
+    SignalKind.GPU_MEMORY: Correlator._gpu_memory,
+    SignalKind.ENGINE_PRESSURE: Correlator._engine_pressure,
+    SignalKind.ENGINE_CONFIG: Correlator._engine_config,
+}

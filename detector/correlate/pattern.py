@@ -1,0 +1,218 @@
+"""The cascade pattern's rules: open, escalate, contain and resolve incidents; verdicts.
+
+Each rule takes the workload's state, the signal or clock, and the settings, mutates the
+state and returns the decisions it made. Pure: no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+from detector.config import CorrelateSettings
+from detector.correlate.state import (
+    NOT_THIS_PATTERN,
+    Decision,
+    EvidenceAdded,
+    IncidentOpened,
+    IncidentState,
+    Stage,
+    StageChanged,
+    VerdictRecorded,
+    VictimAdded,
+    WorkloadState,
+)
+from detector.events.model import Signal
+
+
+def attach(
+    inc: IncidentState, kind: str, signal: Signal, summary: str, cfg: CorrelateSettings
+) -> list[Decision]:
+    """Attach ``signal`` as evidence of ``kind`` unless the kind's cap is reached."""
+    if inc.evidence_counts[kind] >= cfg.max_evidence_per_kind:
+        return []
+    inc.evidence_counts[kind] += 1
+    inc.signals.append(signal)
+    return [EvidenceAdded(inc.key, kind, signal, summary)]
+
+
+def on_gpu_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
+    """Apply a GPU OOM of one pod: open an incident, add a victim, or escalate."""
+    pod = sig.pod or "?"
+    last = ws.last_oom.get(pod)
+    new_death = last is None or sig.time - last > cfg.oom_dedupe_s
+    ws.last_oom[pod] = sig.time
+    ws.last_gpu_oom_at = sig.time
+    out: list[Decision] = []
+    inc = ws.incident
+    if inc is None:
+        inc, out = open_incident(ws, sig.time, f"GPU OOM in pod {pod}", cfg)
+    if new_death:
+        out += attach(inc, "gpu_oom", sig, oom_summary(sig), cfg)
+        inc.last_oom_at = max(inc.last_oom_at, sig.time)
+    if pod not in inc.victims:
+        inc.victims[pod] = sig.time
+        out.append(VictimAdded(inc.key, pod, sig.time, len(inc.victims)))
+        pressure = ws.at_ceiling.get(pod)
+        if pressure is not None and sig.time - pressure.time <= cfg.window_s:
+            out += attach(inc, "gpu_memory", pressure, pressure_summary(pressure), cfg)
+    if not new_death:
+        return out
+    first_time = next(iter(inc.victims.values()))
+    recent = [p for p, t in inc.victims.items() if sig.time - t <= cfg.window_s]
+    if len(recent) >= 2 and inc.stage is not Stage.CASCADING:
+        reason = (
+            f"pod {pod} died of GPU OOM {sig.time - first_time:.0f} s after the first victim; "
+            f"{len(inc.victims)} pods of {ws.ref.name} down"
+        )
+        out += set_stage(inc, Stage.CASCADING, sig.time, reason)
+    elif inc.stage is Stage.CONTAINED:
+        out += set_stage(inc, Stage.SUSPECTED, sig.time, f"new GPU OOM in pod {pod}")
+    return out
+
+
+def open_incident(
+    ws: WorkloadState, time: float, reason: str, cfg: CorrelateSettings
+) -> tuple[IncidentState, list[Decision]]:
+    """Open a ``suspected`` incident and attach the context seen before it."""
+    key = f"{ws.ref.label}@{int(time)}"
+    inc = IncidentState(key=key, stage=Stage.SUSPECTED, opened_at=time, last_oom_at=time)
+    ws.incident = inc
+    out: list[Decision] = [IncidentOpened(key, ws.ref, time)]
+    out.append(StageChanged(key, Stage.SUSPECTED, time, reason))
+    for sig in ws.engine_config.values():
+        out += attach(inc, "engine_config", sig, config_summary(sig), cfg)
+    for sig in ws.crash_loops:
+        if time - sig.time <= cfg.window_s:
+            out += attach(inc, "crash_loop", sig, crash_summary(sig), cfg)
+    if ws.errors_above_source is not None:
+        src = ws.errors_above_source
+        out += attach(inc, "lb_errors", src, src.attrs.get("summary", "5xx surge"), cfg)
+    return inc, out
+
+
+def set_stage(inc: IncidentState, stage: Stage, time: float, reason: str) -> list[Decision]:
+    """Move the incident to ``stage`` (no-op if already there)."""
+    if inc.stage is stage:
+        return []
+    inc.stage = stage
+    if stage is Stage.CASCADING:
+        inc.peak_stage = Stage.CASCADING
+    inc.contained_at = time if stage is Stage.CONTAINED else None
+    return [StageChanged(inc.key, stage, time, reason)]
+
+
+def on_clock(ws: WorkloadState, now: float, cfg: CorrelateSettings) -> list[Decision]:
+    """Apply the passage of event time: contained after a calm period, then resolved."""
+    inc = ws.incident
+    if inc is None:
+        return []
+    ws.lb.advance(now)
+    if inc.stage in (Stage.SUSPECTED, Stage.CASCADING):
+        calm = now - inc.last_oom_at >= cfg.contained_after_s and ws.errors_above_since is None
+        if calm:
+            reason = (
+                f"no new GPU OOM for {now - inc.last_oom_at:.0f} s and 5xx under threshold "
+                f"({ws.lb.error_rate_per_s:.1f}/s)"
+            )
+            return set_stage(inc, Stage.CONTAINED, now, reason)
+    elif inc.stage is Stage.CONTAINED and now - (inc.contained_at or now) >= cfg.quiet_s:
+        ws.incident = None
+        return set_stage(inc, Stage.RESOLVED, now, f"quiet for {cfg.quiet_s:.0f} s")
+    return []
+
+
+def on_surge_sustained(ws: WorkloadState, now: float, cfg: CorrelateSettings) -> list[Decision]:
+    """Decide what a sustained 5xx surge means for the workload."""
+    src = ws.errors_above_source
+    assert src is not None
+    inc = ws.incident
+    survivors = {p: s for p, s in ws.at_ceiling.items() if now - s.time <= cfg.window_s}
+    if inc is not None:
+        survivors = {p: s for p, s in survivors.items() if p not in inc.victims}
+        if inc.stage is Stage.SUSPECTED and inc.victims and survivors:
+            pods = ", ".join(sorted(survivors))
+            reason = (
+                f"5xx above threshold for {cfg.sustain_s:.0f} s after the first GPU OOM "
+                f"while survivors' memory is at the ceiling ({pods})"
+            )
+            return set_stage(inc, Stage.CASCADING, now, reason)
+        return []
+    if survivors:
+        pods = ", ".join(sorted(survivors))
+        inc, out = open_incident(ws, now, f"memory at the ceiling ({pods}) while 5xx rise", cfg)
+        for sig in survivors.values():
+            out += attach(inc, "gpu_memory", sig, pressure_summary(sig), cfg)
+        return out
+    recent_oom = ws.last_gpu_oom_at is not None and now - ws.last_gpu_oom_at <= cfg.window_s
+    recent_host = ws.last_host_oom_at is not None and now - ws.last_host_oom_at <= cfg.window_s
+    if recent_oom or recent_host:
+        return []
+    reason = (
+        f"{src.attrs.get('summary', '5xx surge')} sustained for {cfg.sustain_s:.0f} s "
+        f"with no GPU OOM and no memory pressure in {ws.ref.label}: "
+        "a failing upstream or dependency, not a GPU OOM cascade"
+    )
+    key = f"{ws.ref.label}:lb_5xx_without_gpu_oom@{int(ws.errors_above_since or now)}"
+    return [VerdictRecorded(ws.ref, NOT_THIS_PATTERN, reason, now, src.source, key)]
+
+
+def on_host_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
+    """Record a host-RAM OOM look-alike verdict once per episode."""
+    ws.last_host_oom_at = sig.time
+    if ws.host_oom_since is not None and sig.time - ws.host_oom_since <= cfg.window_s:
+        return []
+    ws.host_oom_since = sig.time
+    reason_attr = sig.attrs.get("reason") or "OOMKilled"
+    exit_code = sig.attrs.get("exit_code")
+    reason = (
+        f"host-RAM OOM: pod {sig.pod} container {sig.container or '?'} terminated "
+        f"{reason_attr}"
+        + (f" (exit code {exit_code})" if exit_code is not None else "")
+        + " by the kernel/cgroup OOM killer; no CUDA out-of-memory error in its logs"
+    )
+    key = f"{ws.ref.label}:host_oom@{int(sig.time)}"
+    return [VerdictRecorded(ws.ref, NOT_THIS_PATTERN, reason, sig.time, sig.source, key)]
+
+
+def oom_summary(sig: Signal) -> str:
+    """Describe a GPU OOM signal in one line."""
+    a = sig.attrs
+    parts = [f"GPU OOM in pod {sig.pod}"]
+    if a.get("framework"):
+        parts.append(f"({a['framework']})")
+    if a.get("bytes_tried") is not None:
+        parts.append(f"tried {a['bytes_tried'] / 2**30:.2f} GiB")
+    if a.get("free_bytes") is not None:
+        parts.append(f"free {a['free_bytes'] / 2**30:.2f} GiB")
+    if a.get("capacity_bytes") is not None:
+        parts.append(f"of {a['capacity_bytes'] / 2**30:.2f} GiB")
+    if a.get("gpu_index") is not None:
+        parts.append(f"on GPU {a['gpu_index']}")
+    return " ".join(parts)
+
+
+def pressure_summary(sig: Signal) -> str:
+    """Describe a memory-pressure signal in one line."""
+    ratio = sig.attrs.get("ratio")
+    what = sig.attrs.get("pressure", "memory")
+    value = f"{ratio:.0%}" if isinstance(ratio, float) else "?"
+    return f"{what} at {value} in pod {sig.pod}"
+
+
+def config_summary(sig: Signal) -> str:
+    """Describe an engine configuration signal in one line."""
+    keys = ", ".join(f"{k}={v}" for k, v in sig.attrs.items() if k != "engine")
+    return f"{sig.attrs.get('engine', 'engine')} config of pod {sig.pod}: {keys}"[:300]
+
+
+def crash_summary(sig: Signal) -> str:
+    """Describe a crash-loop signal in one line."""
+    a = sig.attrs
+    bits = [f"pod {sig.pod} {a.get('reason', 'crash loop')}"]
+    if a.get("restart_count") is not None:
+        bits.append(f"restarts={a['restart_count']}")
+    if a.get("last_reason"):
+        bits.append(f"last={a['last_reason']}")
+    if a.get("exit_code") is not None:
+        bits.append(f"exit={a['exit_code']}")
+    if a.get("count"):
+        bits.append(f"count={a['count']}")
+    return " ".join(bits)

@@ -1,0 +1,114 @@
+"""Correlator state per workload and the decisions the correlator emits (pure data)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from detector.correlate.identity import WorkloadRef
+from detector.correlate.windows import RateWindow
+from detector.events.model import Signal, SourcePos
+
+
+class Stage(StrEnum):
+    """Stages of a cascade incident (DESIGN.md section 4)."""
+
+    SUSPECTED = "suspected"
+    CASCADING = "cascading"
+    CONTAINED = "contained"
+    RESOLVED = "resolved"
+
+
+PATTERN = "gpu_oom_cascade"
+NOT_THIS_PATTERN = "not_gpu_oom_cascade"
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentOpened:
+    """A new incident for ``workload``; its ``key`` is unique per workload and window."""
+
+    key: str
+    workload: WorkloadRef
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageChanged:
+    """The incident moved to ``stage`` at event ``time`` because of ``reason``."""
+
+    key: str
+    stage: Stage
+    time: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VictimAdded:
+    """``pod`` died of GPU OOM; ``position`` is its 1-based order of failure."""
+
+    key: str
+    pod: str
+    time: float
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceAdded:
+    """A signal joined the incident's evidence as ``kind`` (gpu_oom, crash_loop, lb_errors ...)."""
+
+    key: str
+    kind: str
+    signal: Signal
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRecorded:
+    """A look-alike: "not this pattern" for ``workload`` with the ``reason``."""
+
+    workload: WorkloadRef
+    verdict: str
+    reason: str
+    time: float
+    source: SourcePos
+    dedupe_key: str
+
+
+Decision = IncidentOpened | StageChanged | VictimAdded | EvidenceAdded | VerdictRecorded
+
+
+@dataclass(slots=True)
+class IncidentState:
+    """The correlator's working view of one open incident."""
+
+    key: str
+    stage: Stage
+    opened_at: float
+    last_oom_at: float
+    victims: dict[str, float] = field(default_factory=dict)  # pod -> first OOM time, ordered
+    signals: list[Signal] = field(default_factory=list)
+    evidence_counts: Counter[str] = field(default_factory=Counter)
+    contained_at: float | None = None
+    peak_stage: Stage = Stage.SUSPECTED
+
+
+@dataclass(slots=True)
+class WorkloadState:
+    """What the correlator remembers about one workload; bounded by pods, not by events."""
+
+    ref: WorkloadRef
+    lb: RateWindow
+    pods: dict[str, None] = field(default_factory=dict)  # pods seen, in order
+    last_oom: dict[str, float] = field(default_factory=dict)  # pod -> last GPU OOM time
+    last_gpu_oom_at: float | None = None
+    at_ceiling: dict[str, Signal] = field(default_factory=dict)  # pod -> latest pressure signal
+    engine_config: dict[str, Signal] = field(default_factory=dict)  # pod -> latest config
+    crash_loops: deque[Signal] = field(default_factory=lambda: deque(maxlen=20))
+    errors_above_since: float | None = None
+    errors_above_source: Signal | None = None
+    surge_handled: bool = False
+    host_oom_since: float | None = None
+    last_host_oom_at: float | None = None
+    gpu_used: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    incident: IncidentState | None = None
