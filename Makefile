@@ -1,0 +1,38 @@
+# make demo: replay the bundled recordings with the embedded defaults (SQLite, dry-run, console).
+# make test: lint, type-check and run the whole test suite against the real services.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTHON ?= python3
+
+.PHONY: demo test lint services bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/detector replay examples/
+
+services:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || \
+	  pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
+	@for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
+	  echo "PostgreSQL did not start on 127.0.0.1:5432" >&2; exit 1
+
+lint: $(STAMP)
+	$(BIN)/ruff check detector tests bench migrations
+	$(BIN)/ruff format --check detector tests bench migrations
+	$(BIN)/mypy detector
+
+test: lint services
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_replay.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache detector.db
