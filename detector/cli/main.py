@@ -1,0 +1,88 @@
+"""The ``detector`` command line: the entry point that builds Settings and passes them down."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+from detector import db
+from detector.cli.report import render_report, to_document
+from detector.config import Settings
+from detector.errors import DetectorError
+from detector.events.reader import total_bytes
+from detector.pipeline import ReplayResult, replay
+
+app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
+PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this
+
+
+def _settings(database_url: str | None, workloads: Path | None) -> Settings:
+    settings = Settings()
+    if database_url:
+        settings.database.url = database_url
+    if workloads:
+        settings.workloads_file = workloads
+    return settings
+
+
+@app.command("replay")
+def replay_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="recorded stream files or folders")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+    database_url: Annotated[
+        str | None, typer.Option("--db", help="SQLAlchemy URL (default: DETECTOR_DATABASE__URL)")
+    ] = None,
+    workloads: Annotated[
+        Path | None, typer.Option(help="YAML mapping of upstream names to workloads")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    settings = _settings(database_url, workloads)
+    err = Console(stderr=True)
+    try:
+        result = _run_replay(paths, settings, show_progress=not as_json, console=err)
+    except (DetectorError, FileNotFoundError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(to_document(result), indent=2, default=str))
+    else:
+        render_report(result, Console())
+
+
+def _run_replay(
+    paths: list[Path], settings: Settings, *, show_progress: bool, console: Console
+) -> ReplayResult:
+    size = total_bytes(paths)
+    if not show_progress or size < PROGRESS_MIN_BYTES:
+        return replay(paths, settings)
+    columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("replay", total=size)
+        return replay(paths, settings, progress=lambda n: bar.advance(task, n))
+
+
+@app.command("migrate")
+def migrate_cmd(
+    database_url: Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL")] = None,
+) -> None:
+    """Bring the incident store's schema to the latest migration (alembic upgrade head)."""
+    settings = _settings(database_url, None)
+    try:
+        db.upgrade(settings.database.url)
+    except DetectorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"database at head: {settings.database.url}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
