@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
 from detector import db
 from detector.config import Settings, load_workload_map
 from detector.correlate.engine import Correlator
@@ -125,7 +127,7 @@ def replay(
         result = ReplayResult(
             counts,
             [IncidentOut.model_validate(i) for i in flows.incidents.values()],
-            [VerdictOut.model_validate(v) for v in service.list_verdicts(session=session)],
+            [VerdictOut.model_validate(v) for v in flows.verdicts.values()],
         )
         session.close()
         return result
@@ -133,14 +135,14 @@ def replay(
         engine.dispose()
 
 
-def _reject(parsed: Parsed, counts: EventCounts, session: object) -> None:
+def _reject(parsed: Parsed, counts: EventCounts, session: Session) -> None:
     error = parsed.error
     assert error is not None
     counts.rejected += 1
     counts.rejected_by_reason[error.reason] += 1
     log.info("rejected record source=%s reason=%s", parsed.source, error.reason)
     service.add_dead_letter(
-        session=session,  # type: ignore[arg-type]
+        session=session,
         source=parsed.source,
         reason=error.reason,
         detail=error.detail[:500],

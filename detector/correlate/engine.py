@@ -166,6 +166,8 @@ class Correlator:
         ws.lb.add(sig.time, status, int(sig.attrs.get("count") or 1))
         lb, cfg = ws.lb, self.cfg
         above = lb.error_rate_per_s >= cfg.error_rate_per_s and lb.error_ratio >= cfg.error_ratio
+        if not above and ws.errors_above_since is None:
+            ws.baseline_ok_rate = lb.ok_rate_per_s
         if above and ws.errors_above_since is None:
             return self._surge_started(ws, sig)
         if not above and ws.errors_above_since is not None and status not in ERROR_STATUSES:
@@ -193,6 +195,7 @@ class Correlator:
             "request_rate_per_s": round(lb.request_rate_per_s, 3),
             "error_ratio": round(lb.error_ratio, 3),
             "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
+            "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
             "window_s": lb.width_s,
         }
         marked = Signal(

@@ -108,6 +108,7 @@ class WorkloadState:
     errors_above_since: float | None = None
     errors_above_source: Signal | None = None
     surge_handled: bool = False
+    baseline_ok_rate: float = 0.0  # ok responses/s in the last window before the surge
     host_oom_since: float | None = None
     last_host_oom_at: float | None = None
     gpu_used: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)

@@ -75,6 +75,11 @@ class RateWindow:
         return self.total / self.width_s
 
     @property
+    def ok_rate_per_s(self) -> float:
+        """Return responses per second that were neither 5xx nor 429 over the window."""
+        return (self.total - self.errors - self.throttled) / self.width_s
+
+    @property
     def error_ratio(self) -> float:
         """Return the 5xx share of responses in the window (0 when there were none)."""
         return self.errors / self.total if self.total else 0.0

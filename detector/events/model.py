@@ -11,7 +11,9 @@ class SignalKind(StrEnum):
     """What a signal says about a pod or workload."""
 
     GPU_OOM = "gpu_oom"  # a CUDA/GPU out-of-memory error in a container log
-    ENGINE_DEAD = "engine_dead"  # a serving engine's "engine dead" line (consequence, not a new OOM)
+    ENGINE_DEAD = (
+        "engine_dead"  # a serving engine's "engine dead" line (consequence, not a new OOM)
+    )
     CRASH_LOOP = "crash_loop"  # BackOff event, CrashLoopBackOff waiting state, restarts
     HOST_OOM = "host_oom"  # container OOMKilled / exit 137 / kernel OOM killer: a look-alike
     POD_READY = "pod_ready"  # recovery: pod Ready / container started and ready

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -23,7 +24,7 @@ from detector.correlate.state import (
 )
 from detector.incidents import service
 from detector.incidents.context import IncidentContext
-from detector.incidents.models import Incident
+from detector.incidents.models import Evidence, Incident, Verdict
 from detector.incidents.questions import answer_questions
 from detector.runbooks.definition import Runbook
 from detector.runbooks.planner import plan
@@ -40,6 +41,7 @@ class IncidentFlows:
     runbook: Runbook
     dry_run: bool = True
     incidents: dict[str, Incident] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
     _planned: set[str] = field(default_factory=set)
 
     def apply(
@@ -48,7 +50,7 @@ class IncidentFlows:
         """Write each decision; plan containment when an incident starts cascading."""
         for d in decisions:
             if isinstance(d, VerdictRecorded):
-                service.record_verdict(
+                self.verdicts[d.dedupe_key] = service.record_verdict(
                     session=session,
                     cluster=d.workload.cluster,
                     namespace=d.workload.namespace,
@@ -128,7 +130,9 @@ class IncidentFlows:
         self._note(session, incident, s.time, "signal", f"{d.kind}: {d.summary}",
                    f"evidence:{d.kind}:{s.source}", evidence=row)  # fmt: skip
 
-    def _plan(self, incident: Incident, ctx: IncidentContext, time: float, session: Session) -> None:
+    def _plan(
+        self, incident: Incident, ctx: IncidentContext, time: float, session: Session
+    ) -> None:
         mode = "dry_run" if self.dry_run else "live"
         run = service.get_or_create_run(
             session=session,
@@ -136,6 +140,7 @@ class IncidentFlows:
             runbook=self.runbook.name,
             version=str(self.runbook.version),
             mode=mode,
+            time=time,
         )
         for step in plan(self.runbook, ctx, dry_run=self.dry_run):
             service.upsert_step(
@@ -147,6 +152,7 @@ class IncidentFlows:
                 status=step.status,
                 params=_jsonable(step.params),
                 approval=step.approval,
+                time=time,
             )
             self._note(session, incident, time, "step", f"step {step.position} "
                        f"{step.action} {step.status}: {step.title}",
@@ -177,7 +183,7 @@ class IncidentFlows:
         kind: str,
         message: str,
         dedupe_key: str,
-        evidence: object | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         service.add_timeline_entry(
             session=session,
@@ -190,7 +196,7 @@ class IncidentFlows:
         )
 
 
-def _jsonable(value: object) -> object:
+def _jsonable(value: Any) -> Any:
     """Return ``value`` with tuples/sets turned into lists and other objects into strings."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}

@@ -1,0 +1,131 @@
+"""Turn a replay result into the JSON document and the readable console report."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from detector.pipeline import ReplayResult
+
+CORE_SIGNALS = ("gpu_oom", "crash_loop", "lb_errors", "gpu_memory")
+
+
+def to_document(result: ReplayResult) -> dict[str, Any]:
+    """Build the ``--json`` document: ``events``, ``incidents``, ``verdicts``."""
+    ev = result.events
+    return {
+        "events": {
+            "read": ev.read,
+            "parsed": ev.parsed,
+            "rejected": ev.rejected,
+            "signals": ev.signals,
+            "unattributed": ev.unattributed,
+            "rejected_by_reason": dict(ev.rejected_by_reason),
+        },
+        "incidents": [_incident(i.model_dump(mode="json")) for i in result.incidents],
+        "verdicts": [
+            {
+                "workload": f"{v.namespace}/{v.workload}",
+                "verdict": v.verdict,
+                "reason": v.reason,
+                "time": v.time.isoformat() if v.time else None,
+            }
+            for v in result.verdicts
+        ],
+    }
+
+
+def _incident(inc: dict[str, Any]) -> dict[str, Any]:
+    kinds = {e["kind"] for e in inc["evidence"]}
+    sources = {e["id"]: e["source"] for e in inc["evidence"]}
+    steps = [s for run in inc["runs"] for s in run["steps"]]
+    return {
+        "id": inc["id"],
+        "key": inc["key"],
+        "pattern": inc["pattern"],
+        "workload": f"{inc['namespace']}/{inc['workload']}",
+        "workload_kind": inc["workload_kind"],
+        "stage": inc["stage"],
+        "opened_at": inc["opened_at"],
+        "pods": [v["pod"] for v in sorted(inc["victims"], key=lambda v: v["position"])],
+        "signals": [k for k in CORE_SIGNALS if k in kinds],
+        "steps": [
+            {
+                "position": s["position"],
+                "action": s["action"],
+                "title": s["title"],
+                "status": s["status"],
+                "approval": s["approval"],
+                "params": s["params"],
+            }
+            for s in sorted(steps, key=lambda s: s["position"])
+        ],
+        "questions": [
+            {
+                "question": q["question"],
+                "answer": q["answer"],
+                "evidence": sources.get(q["evidence_id"]),
+                "to_check": q["to_check"],
+            }
+            for q in inc["questions"]
+        ],
+        "timeline": [
+            {"time": t["time"], "kind": t["kind"], "message": t["message"]} for t in inc["timeline"]
+        ],
+    }
+
+
+def render_report(result: ReplayResult, console: Console) -> None:
+    """Print a readable report of each incident and verdict."""
+    doc = to_document(result)
+    ev = doc["events"]
+    console.print(
+        f"[bold]records[/bold] read={ev['read']} parsed={ev['parsed']} "
+        f"rejected={ev['rejected']} signals={ev['signals']}"
+    )
+    if ev["rejected_by_reason"]:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(ev["rejected_by_reason"].items()))
+        console.print(f"  rejected by reason: {escape(reasons)} (kept as dead letters)")
+    console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
+    for inc in doc["incidents"]:
+        _render_incident(inc, console)
+    console.print(f"\n[bold]{len(doc['verdicts'])} verdict(s): not this pattern[/bold]")
+    for v in doc["verdicts"]:
+        console.print(f"- {escape(v['workload'])}: {escape(v['verdict'])}")
+        console.print(f"  {escape(v['reason'])}", soft_wrap=True)
+
+
+def _render_incident(inc: dict[str, Any], console: Console) -> None:
+    console.rule(f"incident #{inc['id']} {inc['pattern']} {escape(inc['workload'])}")
+    console.print(f"stage: [bold red]{inc['stage']}[/bold red]   opened: {inc['opened_at']}")
+    console.print("victims in order: " + escape(" -> ".join(inc["pods"]) or "none yet"))
+    marks = [f"{k} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
+    console.print("signals: " + ", ".join(marks))
+    steps = Table("#", "action", "status", "approval", "params", title="containment runbook")
+    for s in inc["steps"]:
+        params = ", ".join(f"{k}={v}" for k, v in s["params"].items())
+        steps.add_row(str(s["position"]), s["action"], s["status"], s["approval"], escape(params))
+    console.print(steps)
+    console.print("[bold]questions[/bold]")
+    for q in inc["questions"]:
+        console.print(f"? {escape(q['question'])}")
+        if q["answer"]:
+            where = (
+                f"  [dim](evidence: {escape(str(q['evidence']))})[/dim]" if q["evidence"] else ""
+            )
+            console.print(f"  {escape(q['answer'])}{where}", soft_wrap=True)
+        else:
+            console.print(f"  [yellow]unanswered[/yellow] - check: {escape(q['to_check'])}")
+    console.print("[bold]timeline[/bold]")
+    for t in inc["timeline"]:
+        console.print(f"  {_hhmmss(t['time'])} {t['kind']:<8} {escape(t['message'])}")
+
+
+def _hhmmss(value: str | None) -> str:
+    if not value:
+        return "--:--:--"
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%H:%M:%S")

@@ -1,0 +1,292 @@
+"""Regex tables behind ``detector.events.classify``: GPU OOM wordings and their look-alikes.
+
+Each rule is ``(pattern, verdict, framework, reason)``; the classifier tries the tables in a
+fixed order and the first match wins. Wordings and their sources:
+
+- PyTorch caching allocator, three generations ("RuntimeError: CUDA out of memory. Tried to
+  allocate ... (GPU 0; ... total capacity; ... free ...)", "torch.cuda.OutOfMemoryError ...
+  GPU 0 has a total capacty of ...", "torch.OutOfMemoryError ... this process has ...") and
+  the cudaMallocAsync backend ("Allocation on device 0 would exceed allowed memory"):
+  https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp
+- vLLM KV-cache sizing and start checks ("No available memory for the cache blocks", "... is
+  larger than the maximum number of tokens that can be stored in KV cache", "... larger than
+  the available KV cache memory", "Free memory on device ... on startup is less than desired
+  GPU memory utilization"): https://github.com/vllm-project/vllm/issues/2418,
+  https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py
+- vLLM engine death ("EngineDeadError", "AsyncEngineDeadError", "Engine loop has died"):
+  https://github.com/vllm-project/vllm/pull/5173
+- TGI warmup ("Not enough memory to handle 4096 prefill tokens") and shard death ("Shard 0
+  failed to start", "ShardCannotStart"):
+  https://github.com/huggingface/text-generation-inference/issues/755,
+  https://github.com/huggingface/text-generation-inference/issues/866
+- SGLang KV pool sizing ("Not enough memory. Please try to increase --mem-fraction-static"):
+  https://github.com/sgl-project/sglang/issues/322
+- TensorRT-LLM ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of
+  memory"): https://github.com/NVIDIA/TensorRT-LLM/issues/498
+- ONNX Runtime BFC arena ("BFCArena::AllocateRawInternal ... Failed to allocate memory for
+  requested buffer of size N"): https://github.com/microsoft/onnxruntime/issues/22702
+- cuBLAS/cuDNN status codes: https://docs.nvidia.com/cuda/cublas/#cublasstatus-t,
+  https://docs.nvidia.com/deeplearning/cudnn/latest/api/cudnn-graph-library.html
+- NCCL ("Cuda failure 'out of memory'", "Failed to CUDA calloc N bytes"):
+  https://github.com/NVIDIA/nccl/issues/1235
+- XLA/JAX and TensorFlow ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate N bytes",
+  "OOM when allocating tensor ... device:GPU:0"):
+  https://github.com/google-deepmind/alphafold/issues/1023
+- ggml/llama.cpp ("cudaMalloc failed: out of memory"): https://github.com/ollama/ollama/issues/3683
+- CUDA runtime ("CUDA error: out of memory", cudaErrorMemoryAllocation = error 2):
+  https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html
+- Linux OOM killer ("Out of memory: Killed process", "invoked oom-killer") and Kubernetes
+  "OOMKilled": https://www.kernel.org/doc/gorman/html/understand/understand016.html
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+Rule = tuple[re.Pattern[str], str, str | None, str]
+
+_I = re.IGNORECASE
+
+
+def _rules(*items: tuple[str, str, str | None, str]) -> tuple[Rule, ...]:
+    return tuple((re.compile(p, _I), verdict, fw, reason) for p, verdict, fw, reason in items)
+
+
+GPU, DEAD, HOST, NOT, AMB = "gpu_oom", "engine_dead", "host_oom", "not_gpu_oom", "ambiguous"
+
+# Lower-case tokens at least one of which every GPU/dead/host rule needs; without any: NOT.
+GATE_TOKENS: Final = (
+    "mem",
+    "oom",
+    "alloc",
+    "exhaust",
+    "kv",
+    "dead",
+    "died",
+    "fail",
+    "error",
+    "shard",
+    "crash",
+    "137",
+    "exception",
+    "sigquit",
+    "encountered",
+    "no space left",
+    "not_initialized",
+    "serve at least",
+)
+
+# A traceback's source line ("    raise ValueError(...") repeats the message of the next line.
+SOURCE_LINE: Final = re.compile(r"(?:^|[\s\]|])raise [\w.]+\(")
+
+# Wordings that are certainly a GPU OOM even when the line also carries a hint.
+STRONG: Final = _rules(
+    (r"\b(?:CUDA|HIP|XPU) out of memory\. Tried to allocate", GPU, "pytorch", "pytorch_oom"),
+    (r"OutOfMemoryError: (?:CUDA|HIP|XPU|Allocation on device)", GPU, "pytorch", "pytorch_oom"),
+)
+
+# Look-alikes that mention the OOM words but are hints, info or explicit non-failures.
+EXCLUDE: Final = _rules(
+    (r"this is not a failure", NOT, None, "warning_not_a_failure"),
+    (
+        r"\b(?:if|in case|to avoid|avoid(?:ing)?|prevent(?:ing|s)?|reduce the (?:risk|chance) of"
+        r"|(?:may|might|can|could|will) (?:cause|lead to|result in)|risking)\b[^.;]{0,40}?"
+        r"(?:out[- ]of[- ]memory|\bOOMs?\b)",
+        NOT,
+        None,
+        "hint",
+    ),
+    (r"\bwhen (?:an? )?OOMs? (?:happens|occurs)", NOT, None, "hint"),
+    (r"OOM when allocating tensor.{0,200}?(?:device:CPU|cpu_bfc|\bcpu\b)", NOT, None, "host_ram"),
+    (r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
+    (
+        r"^(?=.*(?:nchwc|CPUExecutionProvider|\bCPU\b|cpu_?allocator)).*BFCArena",
+        AMB,
+        "onnxruntime",
+        "onnxruntime_arena_cpu_hint",
+    ),
+)
+
+GPU_RULES: Final = _rules(
+    (r"\b(?:CUDA|HIP|XPU) out of memory", GPU, "pytorch", "pytorch_oom"),
+    (r"No available memory for the cache blocks", GPU, "vllm", "kv_cache_no_memory"),
+    (
+        r"larger than the maximum number of tokens that can be stored in KV cache",
+        GPU,
+        "vllm",
+        "kv_cache_insufficient",
+    ),
+    (r"larger than the available KV cache memory", GPU, "vllm", "kv_cache_insufficient"),
+    (
+        r"To serve at least one request with the models?'?s'? max seq len",
+        GPU,
+        "vllm",
+        "kv_cache_insufficient",
+    ),
+    (
+        r"KV cache[^.]{0,40}\b(?:insufficient|not enough)|(?:insufficient|not enough)"
+        r" (?:memory|space) for (?:the )?KV cache",
+        GPU,
+        "vllm",
+        "kv_cache_insufficient",
+    ),
+    (
+        r"Free memory on device.{0,40} on startup is less than",
+        GPU,
+        "vllm",
+        "startup_free_memory_check",
+    ),
+    (r"Not enough memory to handle \d+ (?:total |prefill )?tokens", GPU, "tgi", "warmup_oom"),
+    (r"Not enough memory\b.{0,60}mem[-_]fraction[-_]static", GPU, "sglang", "kv_pool_sizing"),
+    (r"\bPrefill out of memory\b", GPU, "sglang", "prefill_oom"),
+    (r"\[TensorRT-LLM\].{0,200}out of memory", GPU, "tensorrt_llm", "cuda_runtime_oom"),
+    (r"BFCArena::AllocateRaw\w*.{0,200}Failed to allocate memory", GPU, "onnxruntime", "bfc_arena"),
+    (
+        r"\bCU(BLAS|DNN|SPARSE|SOLVER|FFT|RAND)_(?:STATUS_)?ALLOC_FAILED",
+        GPU,
+        "cuda",
+        "library_alloc_failed",
+    ),
+    (r"Cuda failure '?out of memory", GPU, "nccl", "nccl_cuda_failure"),
+    (r"Failed to CUDA c?alloc \d+ bytes", GPU, "nccl", "nccl_cuda_alloc"),
+    (
+        r"RESOURCE_EXHAUSTED:.{0,80}(?:out of memory|Failed to allocate request|ran out of memory)",
+        GPU,
+        "jax",
+        "xla_resource_exhausted",
+    ),
+    (
+        r"OOM when allocating tensor.{0,200}?(?:device:GPU|GPU_\d+_bfc)",
+        GPU,
+        "tensorflow",
+        "tf_resource_exhausted",
+    ),
+    (
+        r"Allocator \(GPU_\d+_bfc\) ran out of memory trying to allocate",
+        GPU,
+        "tensorflow",
+        "tf_bfc_allocator",
+    ),
+    (r"\berror\s*[=(]\s*2\)?\s*:\s*out of memory", GPU, "pytorch", "thc_error_2"),
+    (r"CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", GPU, "cuda", "cuda_error_2"),
+    (r"\bcu(?:da)?Malloc\w*(?:\(\))? failed: out of memory", GPU, "cuda", "cuda_malloc_failed"),
+    (
+        r"\bCUDA error: out of memory|\bcuda\w*[\w ]{0,30}?error[\s=(:]*2\b(?![.\d])",
+        GPU,
+        "cuda",
+        "cuda_error_2",
+    ),
+    (r"\bcuda\b.{0,80}\bout of memory", GPU, "cuda", "cuda_error_2"),
+    (r"(?:failed|unable) to allocate CUDA\d* buffer", GPU, "ggml", "ggml_buffer_alloc"),
+    (r"No space left for only one request", GPU, "sglang", "kv_pool_exhausted"),
+)
+
+AMBIGUOUS_RULES: Final = _rules(
+    (r"OOM when allocating tensor", AMB, "tensorflow", "tf_oom_device_unknown"),
+    (r"CUDNN_STATUS_EXECUTION_FAILED", AMB, "cudnn", "cudnn_execution_failed"),
+    (r"CUBLAS_STATUS_NOT_INITIALIZED", AMB, "cublas", "cublas_not_initialized"),
+)
+
+DEAD_RULES: Final = _rules(
+    (r"\b\w*EngineDeadError\b", DEAD, "vllm", "engine_dead"),
+    (
+        r"Engine loop has died|Engine background task failed|Background loop has errored"
+        r"|Engine (?:core )?process \(pid \d+\) died|Engine core proc \S+ died"
+        r"|EngineCore (?:encountered|failed to start)|Engine core initialization failed"
+        r"|LLMEngine is already dead|Worker proc \S+ died unexpectedly",
+        DEAD,
+        "vllm",
+        "engine_dead",
+    ),
+    (
+        r"Shard \d+ (?:crashed|failed to start)|\bShardCannotStart\b|Webserver Crashed"
+        r"|Shard process was signaled to shutdown",
+        DEAD,
+        "tgi",
+        "shard_dead",
+    ),
+    (
+        r"Received sigquit from a child process|Scheduler hit an exception",
+        DEAD,
+        "sglang",
+        "scheduler_dead",
+    ),
+)
+
+HOST_RULES: Final = _rules(
+    (
+        r"\bout of memory: Kill(?:ed)? process|\binvoked oom-killer\b|\boom-kill:",
+        HOST,
+        None,
+        "oom_killer",
+    ),
+    (r"\bOOMKilled\b", HOST, None, "oom_killed"),
+    (r"\bexit(?:ed with)? (?:code|status):? 137\b", HOST, None, "exit_137"),
+)
+
+# Recognized look-alikes, for the reason of a NOT_GPU_OOM verdict.
+LOOKALIKE_RULES: Final = _rules(
+    (r"MemoryError|CPUAllocator|can't allocate memory|Java heap space", NOT, None, "host_ram"),
+    (r"shared memory|\bshm\b", NOT, None, "host_shm"),
+    (r"illegal memory access|cudaErrorIllegalAddress", NOT, None, "illegal_memory_access"),
+    (r"device-side assert|Assertion `", NOT, None, "device_side_assert"),
+    (r"no CUDA-capable device|No CUDA GPUs|driver version is insufficient", NOT, None, "no_device"),
+    (r"Watchdog caught|NCCL.{0,40}timeout", NOT, None, "nccl_timeout"),
+    (r"\bXid\b|fallen off the bus", NOT, None, "xid_fault"),
+    (
+        r"Memory profiling|model weights take|Sleep mode freed|preempted by PreemptionMode",
+        NOT,
+        None,
+        "info",
+    ),
+)
+
+# Framework refinements for generic CUDA-level wordings: (lower-case token, framework).
+CUDA_FRAMEWORK_HINTS: Final = (
+    ("tensorrt", "tensorrt_llm"),
+    ("ggml", "ggml"),
+    ("llama", "ggml"),
+    ("tensorflow", "tensorflow"),
+    ("stream_executor", "tensorflow"),
+    ("nccl", "nccl"),
+    ("onnxruntime", "onnxruntime"),
+    ("cublas", "cublas"),
+    ("cudnn", "cudnn"),
+    ("cusparse", "cusparse"),
+    ("cusolver", "cusolver"),
+    ("cufft", "cufft"),
+    ("curand", "curand"),
+)
+JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
+
+_NUM = r"(\d+(?:\.\d+)?)"
+_UNIT = r"\s*(bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
+SIZE_TRIED: Final = re.compile(
+    r"(?:tried to allocate|trying to allocate|allocate request for|failed to allocate"
+    r"|requested\s*:|buffer of size|allocating|CUDA c?alloc)\s*"
+    + _NUM
+    + r"(?:"
+    + _UNIT
+    + r")?(?:\s*\((\d+)\s*(?:bytes|B)\))?",
+    _I,
+)
+SIZE_CAPACITY: Final = (
+    re.compile(r"total capac(?:i)?ty of\s*" + _NUM + _UNIT, _I),
+    re.compile(_NUM + _UNIT + r" total capacity", _I),
+    re.compile(r"Device limit\s*:\s*" + _NUM + _UNIT, _I),
+)
+SIZE_FREE: Final = (
+    re.compile(r"of which\s*" + _NUM + _UNIT + r" is free", _I),
+    re.compile(r"Free \(according to CUDA\)\s*:\s*" + _NUM + _UNIT, _I),
+    re.compile(_NUM + r"\s*([KMGTP]i?B|bytes) free[;,)]"),
+)
+# vLLM: "Free memory on device cuda:0 (36.75/121.63 GiB) on startup ..."
+FREE_OF_TOTAL: Final = re.compile(
+    r"Free memory on device[^(]{0,20}\(" + _NUM + r"/" + _NUM + _UNIT + r"\)", _I
+)
+GPU_INDEX: Final = re.compile(
+    r"(?:\bGPU[ :=_]|device:GPU:|device ordinal |\bon device |cuda:|current device: "
+    r"|\bCUDA(?=\d+ buffer))(\d+)(?!\d)",
+    _I,
+)

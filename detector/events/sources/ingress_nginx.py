@@ -1,0 +1,143 @@
+"""ingress-nginx access-log lines (``upstreaminfo`` format, also 0.x and plain combined) -> Signal.
+
+Default format of the controller (``log-format-upstream``)::
+
+    $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent
+    "$http_referer" "$http_user_agent" $request_length $request_time [$proxy_upstream_name]
+    [$proxy_alternative_upstream_name] $upstream_addr $upstream_response_length
+    $upstream_response_time $upstream_status $req_id
+
+0.9-0.2x wrote ``$the_real_ip - [$the_real_ip] - $remote_user`` and had no alternative upstream
+or req_id; 2016 builds had no ``[$proxy_upstream_name]``. After retries the upstream fields are
+lists ("a, b"; " : " between upstream groups). A plain nginx ``combined`` line yields the status
+with no upstream. Sources:
+https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/log-format/ ,
+http://nginx.org/en/docs/http/ngx_http_upstream_module.html#var_upstream_addr .
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from detector.events.model import LogLine, Signal, SignalKind, SourcePos
+from detector.events.sources.timeparse import parse_nginx_time
+
+MAX_TEXT_CHARS = 2048
+
+_QUOTED = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+# Anchored head: client, optional 0.x "[$the_real_ip] - ", user, [time], "request", status, bytes.
+_HEAD = re.compile(
+    r"(\S+) - (?:\[[^\]]*\] - )?\S* \[([^\]]+)\] " + _QUOTED + r" (\d{3}) (?:\d+|-)"
+    r"(?: " + _QUOTED + " " + _QUOTED + r"(.*))?",
+    re.DOTALL,
+)
+# After the user agent: request_length request_time [upstream] [alternative] rest.
+_TAIL = re.compile(
+    r" (\d+) (\d+(?:\.\d+)?|-)(?: \[([^\]]*)\])?(?: \[([^\]]*)\])?(?: (.*))?", re.DOTALL
+)
+
+
+def access_line_attrs(text: str) -> tuple[dict[str, Any], str] | None:
+    """Parse an access line into (LB_RESPONSE attrs, ``$time_local``), or None if it is not one.
+
+    attrs: status (int), upstream_status (int | None, the last try), upstream
+    (``$proxy_upstream_name`` | None), upstream_addr (the last try | None), count (1),
+    request_time_s (float | None), and upstream_addrs / upstream_statuses (tuples) after retries.
+    """
+    head = _HEAD.match(text)
+    if head is None:
+        return None
+    attrs: dict[str, Any] = {
+        "status": int(head.group(3)),
+        "upstream_status": None,
+        "upstream": None,
+        "upstream_addr": None,
+        "count": 1,
+        "request_time_s": None,
+    }
+    tail = head.group(4)
+    if tail:
+        _add_upstream_info(attrs, tail)
+    return attrs, head.group(2)
+
+
+def signal_from_access_line(line: LogLine, source: SourcePos) -> Signal | None:
+    """Return the LB_RESPONSE signal of a controller log line, or None if it is no access line.
+
+    Time and identity (the controller pod) come from the log envelope. Format:
+    https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/log-format/
+    """
+    parsed = access_line_attrs(line.text)
+    if parsed is None:
+        return None
+    return Signal(
+        kind=SignalKind.LB_RESPONSE,
+        time=line.time,
+        source=source,
+        namespace=line.namespace,
+        pod=line.pod,
+        container=line.container,
+        node=line.node,
+        cluster=line.cluster,
+        labels=line.labels,
+        owner=line.owner,
+        attrs=parsed[0],
+        text=line.text[:MAX_TEXT_CHARS],
+    )
+
+
+def signal_from_raw_access_line(text: str, source: SourcePos) -> Signal | None:
+    """Return the LB_RESPONSE signal of a bare access line (no envelope), timed by ``$time_local``.
+
+    Raises ``ParseError("bad_timestamp")`` when the bracketed time is not an nginx time.
+    """
+    parsed = access_line_attrs(text)
+    if parsed is None:
+        return None
+    attrs, time_local = parsed
+    return Signal(
+        kind=SignalKind.LB_RESPONSE,
+        time=parse_nginx_time(time_local),
+        source=source,
+        attrs=attrs,
+        text=text[:MAX_TEXT_CHARS],
+    )
+
+
+def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
+    """Fill the upstream fields from the part of the line after the user agent."""
+    m = _TAIL.match(tail)
+    if m is None:  # combined + "$http_x_forwarded_for", or another custom format
+        return
+    if m.group(2) != "-":
+        attrs["request_time_s"] = float(m.group(2))
+    upstream = m.group(3)
+    if upstream and upstream != "-":
+        attrs["upstream"] = upstream
+    rest = m.group(5)
+    if not rest:
+        return
+    # "a, b : c" lists -> "a,b,c" so that the fields split on single spaces.
+    fields = rest.replace(", ", ",").replace(" : ", ",").split()
+    addrs = _list(fields[0])
+    if addrs:
+        attrs["upstream_addr"] = addrs[-1]
+    if len(fields) < 4:
+        return
+    statuses = [_status(s) for s in fields[3].split(",")]
+    attrs["upstream_status"] = statuses[-1]
+    if len(addrs) > 1 or len(statuses) > 1:
+        attrs["upstream_addrs"] = tuple(addrs)
+        attrs["upstream_statuses"] = tuple(statuses)
+
+
+def _list(field: str) -> list[str]:
+    """Split one comma-joined upstream field, dropping nginx's "-" placeholders."""
+    return [item for item in field.split(",") if item and item != "-"]
+
+
+def _status(token: str) -> int | None:
+    """Read a 3-digit upstream status ("502", '404"' as pasted), or None for "-"."""
+    token = token.strip('"')
+    return int(token[:3]) if len(token) >= 3 and token[:3].isdigit() else None

@@ -1,0 +1,140 @@
+"""Kubernetes Events (core/v1 and events.k8s.io/v1, as exporters ship them) -> Signal.
+
+Shapes read: the core/v1 Event (``reason``, ``message``, ``involvedObject``, ``count``,
+``firstTimestamp`` / ``lastTimestamp`` / ``eventTime``, ``series``), kubernetes-event-exporter's
+version of it (``clusterName``, ``involvedObject`` enriched with labels and ownerReferences),
+and events.k8s.io/v1 (``regarding``, ``note``, ``deprecatedCount``). Envelopes (eventrouter,
+OpenTelemetry, Fluent Bit) are unwrapped by ``detector.events.detect``.
+
+- BackOff "Back-off restarting failed container ..." (and the FailedSync "CrashLoopBackOff"
+  wording of Kubernetes <= 1.7) -> CRASH_LOOP, attrs reason, count;
+- a message saying OOMKilled, and node events OOMKilling / SystemOOM -> HOST_OOM, attrs reason;
+- every other event parses to no signal.
+
+Sources: https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/ ,
+https://github.com/resmoio/kubernetes-event-exporter .
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from detector.errors import ParseError
+from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.sources.k8s_pod import owner_from_refs
+from detector.events.sources.timeparse import parse_time, str_map, str_or_none
+
+_HOST_OOM_REASONS = frozenset({"OOMKilling", "SystemOOM"})
+_FIELD_PATH = re.compile(r"spec\.(?:initContainers|containers|ephemeralContainers)\{([^}]+)\}")
+_CONTAINER_IN_MESSAGE = re.compile(r"restarting failed container[= ]([a-z0-9][-a-z0-9.]*)")
+
+
+def signals_from_event(
+    event: dict[str, Any], source: SourcePos, *, default_time: float | None = None
+) -> list[Signal]:
+    """Return the signal one Kubernetes Event carries (at most one).
+
+    Time: lastTimestamp, series.lastObservedTime, eventTime, firstTimestamp, then
+    metadata.creationTimestamp, then ``default_time``. Raises ``ParseError("missing_field")``
+    for a signalling event without any time, ``"bad_timestamp"`` for an unparseable one.
+    Format: https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/
+    """
+    reason = event.get("reason")
+    message = event.get("message")
+    if message is None:
+        message = event.get("note")
+    if not isinstance(reason, str):
+        reason = ""
+    if not isinstance(message, str):
+        message = ""
+    kind = _classify(reason, message)
+    if kind is None:
+        return []
+    involved = event.get("involvedObject")
+    if not isinstance(involved, dict):
+        involved = event.get("regarding")
+    obj = involved if isinstance(involved, dict) else {}
+    attrs: dict[str, Any] = {"reason": reason or "OOMKilled"}
+    if kind is SignalKind.CRASH_LOOP:
+        attrs["count"] = _count(event)
+    return [
+        Signal(
+            kind=kind,
+            time=_event_time(event, default_time),
+            source=source,
+            namespace=str_or_none(obj.get("namespace")) or _meta(event, "namespace"),
+            pod=str_or_none(obj.get("name")) if obj.get("kind") == "Pod" else None,
+            container=_container(obj, message),
+            node=_node(event, obj),
+            cluster=str_or_none(event.get("clusterName")),
+            labels=str_map(obj.get("labels")),
+            owner=owner_from_refs(obj.get("ownerReferences")),
+            attrs=attrs,
+            text=message[:2048],
+        )
+    ]
+
+
+def _classify(reason: str, message: str) -> SignalKind | None:
+    if "OOMKilled" in message or reason in _HOST_OOM_REASONS:
+        return SignalKind.HOST_OOM
+    if reason == "BackOff" and "restarting failed container" in message:
+        return SignalKind.CRASH_LOOP
+    if reason == "FailedSync" and "CrashLoopBackOff" in message:
+        return SignalKind.CRASH_LOOP
+    return None
+
+
+def _event_time(event: dict[str, Any], default_time: float | None) -> float:
+    series, meta = event.get("series"), event.get("metadata")
+    candidates = (
+        event.get("lastTimestamp"),
+        series.get("lastObservedTime") if isinstance(series, dict) else None,
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        meta.get("creationTimestamp") if isinstance(meta, dict) else None,
+    )
+    for value in candidates:
+        if value is not None:
+            return parse_time(value)
+    if default_time is None:
+        raise ParseError("missing_field", "event has no timestamp")
+    return default_time
+
+
+def _count(event: dict[str, Any]) -> int:
+    series = event.get("series")
+    for value in (
+        event.get("count"),
+        series.get("count") if isinstance(series, dict) else None,
+        event.get("deprecatedCount"),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 1
+
+
+def _container(obj: dict[str, Any], message: str) -> str | None:
+    path = obj.get("fieldPath")
+    if isinstance(path, str):
+        m = _FIELD_PATH.search(path)
+        if m:
+            return m.group(1)
+    m = _CONTAINER_IN_MESSAGE.search(message)
+    return m.group(1) if m else None
+
+
+def _node(event: dict[str, Any], obj: dict[str, Any]) -> str | None:
+    if obj.get("kind") == "Node":
+        return str_or_none(obj.get("name"))
+    src = event.get("source")
+    host = src.get("host") if isinstance(src, dict) else None
+    if host is None and event.get("reportingComponent") == "kubelet":
+        host = event.get("reportingInstance")
+    return str_or_none(host)
+
+
+def _meta(event: dict[str, Any], key: str) -> str | None:
+    meta = event.get("metadata")
+    return str_or_none(meta.get(key)) if isinstance(meta, dict) else None

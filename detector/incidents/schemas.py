@@ -1,0 +1,143 @@
+"""Pydantic "out" models of the incident store, read from the ORM rows (``from_attributes``).
+
+Used by the CLI's ``--json`` output and the web UI: ``IncidentOut.model_validate(incident)``
+inside the session that loaded ``incident`` (relationships load lazily). Times are
+timezone-aware UTC datetimes (ISO 8601 ending in ``Z`` in JSON); a source position is its
+``str(SourcePos)`` form (``path:line`` or ``topic[partition]@offset``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+
+class _Out(BaseModel):
+    """Base of the out models: read from attributes, immutable."""
+
+    model_config = ConfigDict(from_attributes=True, frozen=True)
+
+
+def _source_str(value: Any) -> Any:
+    return value if isinstance(value, str) else str(value)
+
+
+# A detector.events.model.SourcePos, shown as text.
+SourceText = Annotated[str, BeforeValidator(_source_str)]
+
+
+class VictimOut(_Out):
+    """A victim pod in order of failure (``position`` is 1-based)."""
+
+    pod: str
+    position: int
+    first_oom_at: datetime
+
+
+class EvidenceOut(_Out):
+    """A summary of one piece of evidence (without its raw text and attributes)."""
+
+    id: int
+    kind: str
+    pod: str | None
+    time: datetime
+    summary: str
+    source: SourceText
+
+
+class TimelineEntryOut(_Out):
+    """One timeline line."""
+
+    id: int
+    time: datetime
+    kind: str
+    message: str
+    evidence_id: int | None
+
+
+class StepOut(_Out):
+    """One runbook step and its state."""
+
+    position: int
+    action: str
+    title: str
+    status: str
+    params: dict[str, Any]
+    approval: str
+    result: dict[str, Any] | None
+    updated_at: datetime
+
+
+class RunOut(_Out):
+    """One runbook run with its steps in order."""
+
+    id: int
+    runbook: str
+    version: str
+    mode: str
+    status: str
+    created_at: datetime
+    steps: list[StepOut]
+
+
+class QuestionOut(_Out):
+    """An on-call question, its answer when the evidence gives one, and what to check."""
+
+    qkey: str
+    question: str
+    answer: str | None
+    evidence_id: int | None
+    to_check: str
+    answered_at: datetime | None
+
+
+class IncidentSummaryOut(_Out):
+    """An incident without its children, for lists."""
+
+    id: int
+    key: str
+    pattern: str
+    cluster: str | None
+    namespace: str
+    workload: str
+    workload_kind: str
+    stage: str
+    opened_at: datetime
+    updated_at: datetime
+    resolved_at: datetime | None
+
+
+class IncidentOut(IncidentSummaryOut):
+    """An incident with its victims, evidence summaries, timeline, runs and questions."""
+
+    victims: list[VictimOut]
+    evidence: list[EvidenceOut]
+    timeline: list[TimelineEntryOut]
+    runs: list[RunOut]
+    questions: list[QuestionOut]
+
+
+class VerdictOut(_Out):
+    """A recorded "not this pattern" verdict."""
+
+    id: int
+    cluster: str | None
+    namespace: str
+    workload: str
+    verdict: str
+    reason: str
+    time: datetime
+    source: SourceText
+
+
+class DeadLetterOut(_Out):
+    """A dead letter without its raw bytes (``raw_size_bytes`` gives their original size)."""
+
+    id: int
+    source: SourceText
+    reason: str
+    detail: str
+    raw_size_bytes: int
+    created_at: datetime

@@ -1,0 +1,152 @@
+"""The runbook definition: pydantic models of ``runbooks/*.yaml`` (strict: unknown keys fail).
+
+A runbook is an ordered list of steps. Each step names an action from a closed set, carries
+its parameters as Jinja2 template strings (rendered by :mod:`detector.runbooks.render` from the
+incident's variables), an approval policy, a verification, what to do when verification fails,
+a cooldown and the floors its computed values may never go under (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+Seconds = Annotated[float, Field(strict=True, ge=0)]
+Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+APPROVAL_PATTERN = r"^(auto|approver:[A-Za-z0-9][A-Za-z0-9._-]*)$"
+
+
+class Action(StrEnum):
+    """What a step does; the closed set of actions the actuators implement."""
+
+    LOWER_BATCH_CEILING = "lower_batch_ceiling"  # patch engine args/env, one pod at a time
+    ENABLE_RATE_LIMIT = "enable_rate_limit"  # gateway 429 backpressure
+    STAGGER_RESTARTS = "stagger_restarts"  # evict crashed pods one at a time
+
+
+class Check(StrEnum):
+    """What a step's verification looks at before its deadline."""
+
+    ERRORS_FALL = "errors_fall"  # 502/503/504 rate at the load balancer falls under threshold
+    OOMS_STOP = "ooms_stop"  # no new GPU OOM in the workload's pods
+    MEMORY_STOPS_RISING = "memory_stops_rising"  # GPU memory / KV-cache usage stops climbing
+    PODS_READY = "pods_ready"  # the touched pods are Ready again
+
+
+class OnFailure(StrEnum):
+    """What happens when verification fails: go on to the next step, or undo this one."""
+
+    ESCALATE = "escalate"
+    ROLLBACK = "rollback"
+
+
+class Verify(BaseModel):
+    """How a step is verified: the checks that must hold within ``deadline_s`` seconds."""
+
+    model_config = _STRICT
+
+    deadline_s: Annotated[float, Field(strict=True, gt=0)]
+    checks: tuple[Check, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_checks(self) -> Verify:
+        if len(set(self.checks)) != len(self.checks):
+            raise ValueError("checks must not repeat")
+        return self
+
+
+class Floors(BaseModel):
+    """Lower bounds on the values a step computes; a plan never proposes less.
+
+    ``batch_ceiling`` bounds the engine's concurrency ceiling (vLLM ``max_num_seqs``, TGI
+    ``MAX_CONCURRENT_REQUESTS``, SGLang ``max_running_requests``); ``batched_tokens`` bounds
+    vLLM ``max_num_batched_tokens`` / TGI ``MAX_BATCH_TOTAL_TOKENS``; ``rate_limit_rps`` and
+    ``limit_connections`` bound the gateway limits; ``spacing_s`` bounds the restart spacing.
+    """
+
+    model_config = _STRICT
+
+    batch_ceiling: Annotated[int, Field(strict=True, ge=1)] | None = None
+    batched_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    rate_limit_rps: Annotated[int, Field(strict=True, ge=1)] | None = None
+    limit_connections: Annotated[int, Field(strict=True, ge=1)] | None = None
+    spacing_s: Annotated[float, Field(strict=True, gt=0)] | None = None
+
+
+class Step(BaseModel):
+    """One containment step: an action, its parameter templates and its policy."""
+
+    model_config = _STRICT
+
+    id: Identifier
+    action: Action
+    title: str = Field(min_length=1)
+    description: str = Field(min_length=1)
+    params: dict[Identifier, str] = Field(min_length=1)
+    approval: Annotated[str, Field(pattern=APPROVAL_PATTERN)]
+    verify: Verify
+    on_failure: OnFailure
+    cooldown_s: Seconds
+    floors: Floors = Floors()
+
+    @property
+    def approver(self) -> str | None:
+        """Return the approver group, or None when the step is approved automatically."""
+        return None if self.approval == "auto" else self.approval.removeprefix("approver:")
+
+
+class Guidance(BaseModel):
+    """One remediation or prevention item: a lasting fix, not an automated action."""
+
+    model_config = _STRICT
+
+    id: Identifier
+    title: str = Field(min_length=1)
+    description: str = Field(min_length=1)
+
+
+class Runbook(BaseModel):
+    """A whole runbook: versioned, ordered steps plus remediation and prevention guidance."""
+
+    model_config = _STRICT
+
+    version: Annotated[int, Field(strict=True, ge=1)]
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+    title: str = Field(min_length=1)
+    description: str = Field(min_length=1)
+    max_actions_per_hour: Annotated[int, Field(strict=True, ge=1)]
+    steps: tuple[Step, ...] = Field(min_length=1)
+    remediation: tuple[Guidance, ...] = Field(min_length=1)
+    prevention: tuple[Guidance, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Runbook:
+        ids = [step.id for step in self.steps]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"step ids must be unique; repeated: {', '.join(duplicates)}")
+        seen: dict[str, str] = {}
+        for step in self.steps:
+            for key in step.floors.model_dump(exclude_none=True):
+                if key in seen:
+                    raise ValueError(f"floor {key!r} set in both {seen[key]!r} and {step.id!r}")
+                seen[key] = step.id
+        return self
+
+    def floors(self) -> Floors:
+        """Return the floors of all steps merged into one (each floor is set in one step)."""
+        merged: dict[str, Any] = {}
+        for step in self.steps:
+            merged.update(step.floors.model_dump(exclude_none=True))
+        return Floors(**merged)
+
+    def step(self, step_id: str) -> Step:
+        """Return the step with this id; raise KeyError when there is none."""
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)

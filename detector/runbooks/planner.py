@@ -1,0 +1,294 @@
+"""Plan a runbook against an incident: compute the variables, render every step. Pure.
+
+``build_variables`` turns an IncidentContext into the plain values the parameter templates
+read; ``plan`` renders each step of the runbook with them and attaches its approval status.
+No clock, network or database: the same context always gives the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from detector.events.model import Signal, SignalKind
+from detector.incidents.context import IncidentContext
+from detector.incidents.questions import engine_config
+from detector.runbooks.definition import Action, Floors, OnFailure, Runbook, Step, Verify
+from detector.runbooks.render import render_step
+from detector.runbooks.sizing import (
+    CeilingProposal,
+    ceiling_from_evidence,
+    coerce_float,
+    coerce_int,
+)
+
+RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
+DEFAULT_SPACING_S = 120.0  # restart spacing when no model load time is in the logs
+DEFAULT_FLOORS = Floors(
+    batch_ceiling=1, batched_tokens=512, rate_limit_rps=1, limit_connections=1, spacing_s=30.0
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedStep:
+    """One rendered step of a plan.
+
+    ``position`` is 1-based; ``params`` are the rendered parameter values (all str);
+    ``status`` is ``dry_run`` in a dry run, else ``planned`` (approval ``auto``) or
+    ``awaiting_approval`` (approval ``approver:<group>``); ``basis`` explains the numbers.
+    """
+
+    position: int
+    step_id: str
+    action: Action
+    title: str
+    params: dict[str, str]
+    approval: str
+    status: str
+    verify: Verify
+    on_failure: OnFailure
+    cooldown_s: float
+    basis: str
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Load-balancer counts over a window before the last victim, and the rates they give."""
+
+    window_s: float
+    requests: int
+    ok: int  # 2xx and 3xx
+    errors_5xx: int
+    rate_limited: int  # 429
+
+    def rate(self, count: int) -> float:
+        """Return ``count`` per second over the window, rounded to 3 decimals."""
+        return round(count / self.window_s, 3)
+
+
+def _merge_floors(floors: Floors | None) -> Floors:
+    given = floors.model_dump(exclude_none=True) if floors is not None else {}
+    return DEFAULT_FLOORS.model_copy(update=given)
+
+
+def last_victim_time(ctx: IncidentContext) -> float:
+    """Return the first-OOM time of the last victim; else the latest OOM, signal, or opening."""
+    ooms = [s for s in ctx.signals if s.kind is SignalKind.GPU_OOM]
+    if ctx.victims:
+        own = [s.time for s in ooms if s.pod == ctx.victims[-1]]
+        if own:
+            return min(own)
+    if ooms:
+        return max(s.time for s in ooms)
+    return max((s.time for s in ctx.signals), default=ctx.opened_at)
+
+
+def traffic_before(signals: tuple[Signal, ...], end: float, window_s: float) -> Traffic:
+    """Count LB_RESPONSE lines (attrs status, count) in [end - window_s, end].
+
+    A correlator window summary (attrs ``baseline_ok_rate_per_s``, ``request_rate_per_s``,
+    ``error_rate_per_s``, ``throttled_rate_per_s``) stands for the traffic of its window;
+    the latest one at or before ``end`` wins over individual lines.
+    """
+    summaries = [
+        s
+        for s in signals
+        if s.kind is SignalKind.LB_RESPONSE and "baseline_ok_rate_per_s" in s.attrs
+    ]
+    if summaries:
+        before = [s for s in summaries if s.time <= end] or summaries[:1]
+        return _traffic_from_summary(before[-1], window_s)
+    requests = ok = errors = limited = 0
+    for sig in signals:
+        if sig.kind is not SignalKind.LB_RESPONSE or not end - window_s <= sig.time <= end:
+            continue
+        count = coerce_int(sig.attrs.get("count"))
+        count = count if count is not None and count > 0 else 1
+        status = coerce_int(sig.attrs.get("status")) or 0
+        requests += count
+        if 200 <= status < 400:
+            ok += count
+        elif 500 <= status < 600:
+            errors += count
+        elif status == 429:
+            limited += count
+    return Traffic(window_s, requests, ok, errors, limited)
+
+
+def _traffic_from_summary(sig: Signal, window_s: float) -> Traffic:
+    """Turn a window summary's rates (per second) into counts over ``window_s``."""
+    a = sig.attrs
+
+    def count(key: str) -> int:
+        return round((coerce_float(a.get(key)) or 0.0) * window_s)
+
+    ok = count("baseline_ok_rate_per_s")
+    errors, limited = count("error_rate_per_s"), count("throttled_rate_per_s")
+    return Traffic(window_s, ok + errors + limited, ok, errors, limited)
+
+
+def observed_upstream(signals: tuple[Signal, ...]) -> str | None:
+    """Return the upstream most LB_RESPONSE lines name (first seen wins a tie), or None."""
+    names = Counter(
+        str(s.attrs["upstream"])
+        for s in signals
+        if s.kind is SignalKind.LB_RESPONSE and s.attrs.get("upstream")
+    )
+    return names.most_common(1)[0][0] if names else None
+
+
+def _rate_limit(
+    traffic: Traffic, healthy: int, seen: int, ceiling: CeilingProposal, floors: Floors
+) -> dict[str, Any]:
+    rps_floor = floors.rate_limit_rps or 1
+    conn_floor = floors.limit_connections or 1
+    connections = max(conn_floor, healthy * ceiling.proposed)
+    conn_basis = (
+        f"limit-connections = max(floor {conn_floor}, healthy {healthy} x "
+        f"{ceiling.param} {ceiling.proposed}) = {connections}"
+    )
+    if traffic.requests == 0 or seen == 0:
+        basis = (
+            f"no load-balancer lines in the {traffic.window_s:g} s before the last victim: "
+            f"limit-rps set to its floor {rps_floor} - check the gateway's request rate "
+            f"before approving; {conn_basis}"
+        )
+        return {"rate_limit_rps": rps_floor, "limit_connections": connections, "basis": basis}
+    ok_rate = traffic.ok / traffic.window_s
+    raw = ok_rate * healthy / seen
+    rps = max(rps_floor, math.floor(raw))
+    basis = (
+        f"ok rate {ok_rate:.3g}/s over {traffic.window_s:g} s before the last victim x "
+        f"healthy {healthy} / seen {seen} = {raw:.3g}/s; limit-rps = max(floor {rps_floor}, "
+        f"{math.floor(raw)}) = {rps} (ingress-nginx applies it per client IP and controller "
+        f"replica); {conn_basis}"
+    )
+    return {"rate_limit_rps": rps, "limit_connections": connections, "basis": basis}
+
+
+def _spacing(signals: tuple[Signal, ...], floors: Floors) -> tuple[float, float | None, str]:
+    loads = [
+        v
+        for s in signals
+        if s.kind is SignalKind.ENGINE_CONFIG
+        and (v := coerce_float(s.attrs.get("model_load_s"))) is not None
+        and v > 0
+    ]
+    floor_s = floors.spacing_s or 0.0
+    if loads:
+        load = max(loads)
+        spacing = float(max(floor_s, math.ceil(load)))
+        basis = f"model load time {load:g} s seen in the logs (longest of {len(loads)})"
+    else:
+        load = None
+        spacing = max(floor_s, DEFAULT_SPACING_S)
+        basis = f"no model load time in the logs: default {DEFAULT_SPACING_S:g} s"
+    return spacing, load, f"{basis}; spacing = max(floor {floor_s:g} s, that) = {spacing:g} s"
+
+
+def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> dict[str, Any]:
+    """Return the template variables for an incident: plain str/int/float/list/dict/None values.
+
+    Keys: namespace, workload, workload_kind, cluster, stage, victims, victim_count,
+    replicas_seen, healthy_replicas, engine, current (latest engine_config attrs), ceiling
+    (CeilingProposal fields plus current_is_default), proposed ({param: value}), ceiling_basis,
+    window_s, request_count, request_rate_per_s, ok_rate_per_s, error_rate_per_s,
+    rate_limited_per_s, rate_limit_rps, limit_connections, rate_limit_basis, ingress_name,
+    upstream, restart_order, spacing_s, model_load_s, spacing_basis. Rates are per second.
+    """
+    floors = _merge_floors(floors)
+    victims = list(ctx.victims)
+    seen_pods = set(ctx.pods_seen) | set(victims)
+    healthy = len(seen_pods - set(victims))
+    config = engine_config(ctx.signals).values
+    ceiling = ceiling_from_evidence(
+        config, floor=floors.batch_ceiling or 1, batched_tokens_floor=floors.batched_tokens or 1
+    )
+    traffic = traffic_before(ctx.signals, last_victim_time(ctx), RATE_WINDOW_S)
+    limits = _rate_limit(traffic, healthy, len(seen_pods), ceiling, floors)
+    spacing, load, spacing_basis = _spacing(ctx.signals, floors)
+    return {
+        "namespace": ctx.namespace,
+        "workload": ctx.workload,
+        "workload_kind": ctx.workload_kind,
+        "cluster": ctx.cluster,
+        "stage": ctx.stage,
+        "victims": victims,
+        "victim_count": len(victims),
+        "replicas_seen": len(seen_pods),
+        "healthy_replicas": healthy,
+        "current": dict(config),
+        **_ceiling_variables(ceiling),
+        **_traffic_variables(traffic),
+        "rate_limit_rps": limits["rate_limit_rps"],
+        "limit_connections": limits["limit_connections"],
+        "rate_limit_basis": limits["basis"],
+        "ingress_name": ctx.workload,
+        "upstream": observed_upstream(ctx.signals),
+        "restart_order": victims,
+        "spacing_s": spacing,
+        "model_load_s": load,
+        "spacing_basis": spacing_basis,
+    }
+
+
+def _ceiling_variables(ceiling: CeilingProposal) -> dict[str, Any]:
+    proposed = {ceiling.param: ceiling.proposed}
+    if ceiling.batched_tokens_param and ceiling.batched_tokens_proposed is not None:
+        proposed[ceiling.batched_tokens_param] = ceiling.batched_tokens_proposed
+    return {
+        "engine": ceiling.engine,
+        "ceiling": {**asdict(ceiling), "current_is_default": ceiling.current_is_default},
+        "proposed": proposed,
+        "ceiling_basis": ceiling.basis,
+    }
+
+
+def _traffic_variables(traffic: Traffic) -> dict[str, Any]:
+    return {
+        "window_s": traffic.window_s,
+        "request_count": traffic.requests,
+        "request_rate_per_s": traffic.rate(traffic.requests),
+        "ok_rate_per_s": traffic.rate(traffic.ok),
+        "error_rate_per_s": traffic.rate(traffic.errors_5xx),
+        "rate_limited_per_s": traffic.rate(traffic.rate_limited),
+    }
+
+
+_BASIS_KEY = {
+    Action.LOWER_BATCH_CEILING: "ceiling_basis",
+    Action.ENABLE_RATE_LIMIT: "rate_limit_basis",
+    Action.STAGGER_RESTARTS: "spacing_basis",
+}
+
+
+def _status(step: Step, dry_run: bool) -> str:
+    if dry_run:
+        return "dry_run"
+    return "planned" if step.approver is None else "awaiting_approval"
+
+
+def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> list[PlannedStep]:
+    """Render every step of ``runbook`` for ``ctx``, in order; pure.
+
+    Raises RunbookError (from rendering) naming the step and param that failed.
+    """
+    variables = build_variables(ctx, floors=runbook.floors())
+    return [
+        PlannedStep(
+            position=position,
+            step_id=step.id,
+            action=step.action,
+            title=step.title,
+            params=render_step(step, variables),
+            approval=step.approval,
+            status=_status(step, dry_run),
+            verify=step.verify,
+            on_failure=step.on_failure,
+            cooldown_s=step.cooldown_s,
+            basis=str(variables[_BASIS_KEY[step.action]]),
+        )
+        for position, step in enumerate(runbook.steps, start=1)
+    ]

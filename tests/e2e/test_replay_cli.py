@@ -1,0 +1,108 @@
+"""End to end through the CLI: `detector replay --json examples/` on the bundled recordings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+DETECTOR = Path(sys.executable).with_name("detector")
+
+
+def replay_json(db_url: str, *paths: Path) -> dict[str, Any]:
+    cmd = [str(DETECTOR), "replay", "--json", "--db", db_url, *map(str, paths)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    db = tmp_path_factory.mktemp("e2e") / "demo.db"
+    return replay_json(f"sqlite:///{db}", EXAMPLES)
+
+
+def test_exactly_one_cascade_incident_for_the_positive_recording(demo: dict[str, Any]) -> None:
+    incidents = demo["incidents"]
+    assert len(incidents) == 1
+    inc = incidents[0]
+    assert inc["pattern"] == "gpu_oom_cascade"
+    assert inc["workload"] == "llm/vllm-llama"
+    assert inc["stage"] in ("cascading", "contained", "resolved")
+    assert any(t["message"].startswith("stage -> cascading") for t in inc["timeline"])
+    assert sorted(inc["signals"]) == ["crash_loop", "gpu_memory", "gpu_oom", "lb_errors"]
+
+
+def test_victims_are_listed_in_order_of_failure(demo: dict[str, Any]) -> None:
+    inc = demo["incidents"][0]
+    pods = inc["pods"]
+    assert len(pods) >= 4 and len(set(pods)) == len(pods)
+    assert all(p.startswith("vllm-llama-") for p in pods)
+    victim_lines = [t for t in inc["timeline"] if "died of GPU OOM" in t["message"]]
+    assert [t["message"].split("pod ")[1].split()[0] for t in victim_lines] == pods
+    times = [t["time"] for t in victim_lines]
+    assert times == sorted(times)
+
+
+def test_three_containment_steps_are_planned_in_dry_run(demo: dict[str, Any]) -> None:
+    steps = demo["incidents"][0]["steps"]
+    assert [s["action"] for s in steps] == [
+        "lower_batch_ceiling",
+        "enable_rate_limit",
+        "stagger_restarts",
+    ]
+    assert all(s["status"] == "dry_run" for s in steps)
+    restart = steps[2]["params"]
+    assert restart  # rendered from the incident, not empty
+
+
+def test_questions_are_answered_from_the_evidence(demo: dict[str, Any]) -> None:
+    questions = demo["incidents"][0]["questions"]
+    assert len(questions) == 3
+    for q in questions:
+        assert q["answer"] or q["to_check"], q
+    answered = [q for q in questions if q["answer"]]
+    assert answered and all(q["evidence"] for q in answered)
+
+
+def test_negatives_yield_only_verdicts(demo: dict[str, Any]) -> None:
+    by_workload = {v["workload"]: v for v in demo["verdicts"]}
+    assert "batch/embedder" in by_workload
+    assert "shop/reranker" in by_workload
+    assert "host-RAM" in by_workload["batch/embedder"]["reason"]
+    assert "no GPU OOM" in by_workload["shop/reranker"]["reason"]
+    assert {i["workload"] for i in demo["incidents"]} == {"llm/vllm-llama"}
+
+
+def test_counts_add_up(demo: dict[str, Any]) -> None:
+    ev = demo["events"]
+    assert ev["read"] == ev["parsed"] + ev["rejected"]
+    assert ev["parsed"] > 1000
+
+
+def test_replaying_twice_creates_no_duplicates(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'twice.db'}"
+    first = replay_json(url, EXAMPLES / "cascade")
+    second = replay_json(url, EXAMPLES / "cascade")
+    assert [i["id"] for i in first["incidents"]] == [i["id"] for i in second["incidents"]]
+    assert len(first["incidents"][0]["timeline"]) == len(second["incidents"][0]["timeline"])
+
+
+def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
+    cmd = [str(DETECTOR), "replay", "--db", f"sqlite:///{tmp_path / 'x.db'}", "/nonexistent"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "nonexistent" in proc.stderr
+
+
+def test_replay_on_postgresql(postgres_url: str) -> None:
+    doc = replay_json(postgres_url, EXAMPLES)
+    assert len(doc["incidents"]) == 1
+    assert len(doc["verdicts"]) >= 2

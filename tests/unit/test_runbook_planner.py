@@ -1,0 +1,308 @@
+"""Planning is pure and table-driven: an IncidentContext in, rendered steps and their basis out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from detector.events.model import Signal, SignalKind, SourcePos
+from detector.incidents.context import IncidentContext
+from detector.runbooks.definition import Action, Floors, Runbook
+from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.planner import (
+    DEFAULT_SPACING_S,
+    build_variables,
+    last_victim_time,
+    plan,
+    traffic_before,
+)
+
+T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
+K = SignalKind
+
+
+def sig(kind: SignalKind, dt: float, pod: str | None = None, **attrs: Any) -> Signal:
+    return Signal(
+        kind=kind,
+        time=T0 + dt,
+        source=SourcePos("recorded/ml.log", int(dt) + 1),
+        namespace="ml",
+        pod=pod,
+        attrs=attrs,
+    )
+
+
+def lb(dt: float, status: Any, count: int | None = None, upstream: str = "ml-llm-80") -> Signal:
+    attrs: dict[str, Any] = {"status": status, "upstream": upstream}
+    if count is not None:
+        attrs["count"] = count
+    return sig(K.LB_RESPONSE, dt, **attrs)
+
+
+def incident(
+    *signals: Signal, victims: tuple[str, ...] = ("llm-a", "llm-b"), **kw: Any
+) -> IncidentContext:
+    fields: dict[str, Any] = {
+        "key": "prod/ml/llm",
+        "namespace": "ml",
+        "workload": "llm",
+        "workload_kind": "Deployment",
+        "stage": "cascading",
+        "opened_at": T0,
+        "victims": victims,
+        "pods_seen": ("llm-a", "llm-b", "llm-c", "llm-d"),
+        "signals": tuple(sorted(signals, key=lambda s: s.time)),
+    }
+    fields.update(kw)
+    return IncidentContext(**fields)
+
+
+VLLM_CONFIG = sig(
+    K.ENGINE_CONFIG,
+    -600,
+    "llm-a",
+    engine="vllm",
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    max_model_len=32_768,
+    kv_cache_tokens=434_560,
+    model_load_s=95.2,
+)
+OOMS = (sig(K.GPU_OOM, 0, "llm-a"), sig(K.GPU_OOM, 30, "llm-b"), sig(K.GPU_OOM, 31, "llm-b"))
+# 60 s before the last victim's first OOM (t=30): 100 lines x 3 ok + 20 x 502 + 10 x 429.
+TRAFFIC = (
+    *(lb(-29 + i * 0.5, 200, count=3) for i in range(100)),
+    *(lb(25, "502") for _ in range(20)),
+    *(lb(26, 429) for _ in range(10)),
+    lb(-31, 200, count=1000),  # outside the window
+    lb(31, 503, count=1000),  # after the last victim
+)
+
+
+@pytest.fixture(scope="module")
+def runbook() -> Runbook:
+    return load_runbook(default_runbook_path())
+
+
+# name, context, expected variables (subset), expected rendered params (step_id -> subset)
+CASES: list[tuple[str, IncidentContext, dict[str, Any], dict[str, dict[str, str]]]] = [
+    (
+        "vllm with full evidence",
+        incident(VLLM_CONFIG, *OOMS, *TRAFFIC),
+        {
+            "engine": "vllm",
+            "victim_count": 2,
+            "replicas_seen": 4,
+            "healthy_replicas": 2,
+            "proposed": {"max_num_seqs": 13, "max_num_batched_tokens": 4096},
+            "request_count": 330,
+            "ok_rate_per_s": 5.0,
+            "error_rate_per_s": 0.333,
+            "rate_limited_per_s": 0.167,
+            "rate_limit_rps": 2,  # floor(5.0 x 2 / 4)
+            "limit_connections": 26,  # 2 healthy x 13
+            "upstream": "ml-llm-80",
+            "restart_order": ["llm-a", "llm-b"],
+            "spacing_s": 96.0,
+            "model_load_s": 95.2,
+        },
+        {
+            "lower_batch_ceiling": {
+                "set_via": "args",
+                "settings": "--max-num-seqs=13 --max-num-batched-tokens=4096 --max-model-len=32768",
+                "current_ceiling": "256",
+                "new_ceiling": "13",
+                "ceiling_is_default": "no",
+            },
+            "enable_rate_limit": {
+                "ingress": "llm",
+                "upstream": "ml-llm-80",
+                "limit_rps": "2",
+                "limit_connections": "26",
+                "annotations": '{"nginx.ingress.kubernetes.io/limit-connections": "26", '
+                '"nginx.ingress.kubernetes.io/limit-rps": "2"}',
+                "healthy_replicas": "2 of 4",
+            },
+            "stagger_restarts": {"pods": '["llm-a", "llm-b"]', "spacing_s": "96"},
+        },
+    ),
+    (
+        "nothing but the OOMs: documented defaults and floors",
+        incident(*OOMS),
+        {
+            "engine": "unknown",
+            "proposed": {"max_num_seqs": 128},
+            "request_count": 0,
+            "rate_limit_rps": 1,
+            "upstream": None,
+            "spacing_s": DEFAULT_SPACING_S,
+            "model_load_s": None,
+        },
+        {
+            "lower_batch_ceiling": {
+                "set_via": "manual",
+                "settings": "max_num_seqs=128 (engine unknown: set by hand)",
+                "current_ceiling": "unknown",
+                "ceiling_is_default": "yes",
+            },
+            "enable_rate_limit": {"upstream": "not seen", "limit_rps": "1"},
+            "stagger_restarts": {"spacing_s": "120"},
+        },
+    ),
+    (
+        "tgi through env",
+        incident(
+            sig(
+                K.ENGINE_CONFIG,
+                -60,
+                "llm-c",
+                engine="text-generation-inference",
+                max_concurrent_requests=128,
+                max_batch_total_tokens=120_000,
+                max_total_tokens=8192,
+                model_load_s=30,
+            ),
+            *OOMS,
+        ),
+        {
+            "engine": "tgi",
+            "proposed": {"max_concurrent_requests": 14, "max_batch_total_tokens": 60_000},
+        },
+        {
+            "lower_batch_ceiling": {
+                "set_via": "env",
+                "settings": "MAX_CONCURRENT_REQUESTS=14 MAX_BATCH_TOTAL_TOKENS=60000",
+            },
+            "stagger_restarts": {"spacing_s": "60"},  # 30 s load time, floor 60 s
+        },
+    ),
+    (
+        "sglang through args",
+        incident(
+            sig(K.ENGINE_CONFIG, -60, "llm-c", engine="sglang", max_running_requests=64), *OOMS
+        ),
+        {"engine": "sglang", "proposed": {"max_running_requests": 32}},
+        {"lower_batch_ceiling": {"set_via": "args", "settings": "--max-running-requests=32"}},
+    ),
+    (
+        "every pod is a victim: the floors hold",
+        incident(VLLM_CONFIG, *OOMS, *TRAFFIC, pods_seen=("llm-a", "llm-b")),
+        {"healthy_replicas": 0, "rate_limit_rps": 1, "limit_connections": 1},
+        {
+            "enable_rate_limit": {
+                "limit_rps": "1",
+                "limit_connections": "1",
+                "healthy_replicas": "0 of 2",
+            }
+        },
+    ),
+    (
+        "a victim missing from pods_seen still counts as seen",
+        incident(*OOMS, pods_seen=("llm-c",)),
+        {"replicas_seen": 3, "healthy_replicas": 1},
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("ctx", "variables", "params"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_plan_table(
+    runbook: Runbook,
+    ctx: IncidentContext,
+    variables: dict[str, Any],
+    params: dict[str, dict[str, str]],
+) -> None:
+    built = build_variables(ctx, floors=runbook.floors())
+    for key, value in variables.items():
+        assert built[key] == value, key
+    steps = {p.step_id: p for p in plan(runbook, ctx)}
+    for step_id, expected in params.items():
+        for key, value in expected.items():
+            assert steps[step_id].params[key] == value, (step_id, key)
+
+
+def test_plan_shape_and_dry_run_status(runbook: Runbook) -> None:
+    ctx = incident(VLLM_CONFIG, *OOMS, *TRAFFIC)
+    steps = plan(runbook, ctx)
+    assert [p.position for p in steps] == [1, 2, 3]
+    assert [p.action for p in steps] == [
+        Action.LOWER_BATCH_CEILING,
+        Action.ENABLE_RATE_LIMIT,
+        Action.STAGGER_RESTARTS,
+    ]
+    assert {p.status for p in steps} == {"dry_run"}
+    assert [p.approval for p in steps] == ["auto", "auto", "approver:sre-oncall"]
+    assert all(p.basis and p.params and p.verify.checks for p in steps)
+    assert "434,560" in steps[0].basis
+    assert "healthy 2 / seen 4" in steps[1].basis
+    assert "95.2 s" in steps[2].basis
+
+
+def test_live_plan_waits_for_approval_where_the_policy_says(runbook: Runbook) -> None:
+    steps = plan(runbook, incident(*OOMS), dry_run=False)
+    assert [p.status for p in steps] == ["planned", "planned", "awaiting_approval"]
+
+
+def test_plan_is_pure(runbook: Runbook) -> None:
+    ctx = incident(VLLM_CONFIG, *OOMS, *TRAFFIC)
+    before = repr(ctx)
+    assert plan(runbook, ctx) == plan(runbook, ctx)
+    assert repr(ctx) == before
+
+
+def test_hostile_pod_name_is_rendered_as_data(runbook: Runbook) -> None:
+    evil = "llm-{{ 7 * 7 }}"
+    ctx = incident(sig(K.GPU_OOM, 0, evil), victims=(evil,), pods_seen=(evil, "llm-b"))
+    steps = {p.step_id: p for p in plan(runbook, ctx)}
+    assert steps["stagger_restarts"].params["pods"] == '["llm-{{ 7 * 7 }}"]'
+
+
+@pytest.mark.parametrize(
+    ("signals", "victims", "expected"),
+    [
+        (
+            (sig(K.GPU_OOM, 0, "a"), sig(K.GPU_OOM, 10, "b"), sig(K.GPU_OOM, 20, "b")),
+            ("a", "b"),
+            10,
+        ),
+        ((sig(K.GPU_OOM, 0, "a"), sig(K.GPU_OOM, 10, "b")), ("c",), 10),
+        ((sig(K.LB_RESPONSE, 7),), (), 7),
+        ((), (), 0),
+    ],
+)
+def test_last_victim_time(
+    signals: tuple[Signal, ...], victims: tuple[str, ...], expected: float
+) -> None:
+    ctx = incident(*signals, victims=victims)
+    assert last_victim_time(ctx) == T0 + expected
+
+
+def test_traffic_window_counts() -> None:
+    traffic = traffic_before(tuple(TRAFFIC), T0 + 30, 60.0)
+    assert (traffic.requests, traffic.ok, traffic.errors_5xx, traffic.rate_limited) == (
+        330,
+        300,
+        20,
+        10,
+    )
+    assert traffic.rate(traffic.ok) == 5.0
+
+
+def test_floors_from_the_runbook_apply() -> None:
+    ctx = incident(VLLM_CONFIG, *OOMS, *TRAFFIC)
+    built = build_variables(ctx, floors=Floors(batch_ceiling=20, rate_limit_rps=50, spacing_s=300))
+    assert built["proposed"]["max_num_seqs"] == 20
+    assert built["rate_limit_rps"] == 50
+    assert built["spacing_s"] == 300
+
+
+def test_latest_engine_config_wins() -> None:
+    newer = replace(VLLM_CONFIG, time=T0 - 10, attrs={"max_num_seqs": 64})
+    built = build_variables(incident(VLLM_CONFIG, newer, *OOMS))
+    assert built["current"]["max_num_seqs"] == 64
+    assert built["ceiling"]["current"] == 64
+    assert built["current"]["engine"] == "vllm"
