@@ -7,7 +7,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from detector.pipeline import ReplayResult
 
@@ -105,11 +104,15 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
     console.print("victims in order: " + escape(" -> ".join(inc["pods"]) or "none yet"))
     marks = [f"{k} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
     console.print("signals: " + ", ".join(marks))
-    steps = Table("#", "action", "status", "approval", "params", title="containment runbook")
+    console.print("[bold]containment runbook[/bold]")
     for s in inc["steps"]:
-        params = ", ".join(f"{k}={v}" for k, v in s["params"].items())
-        steps.add_row(str(s["position"]), s["action"], s["status"], s["approval"], escape(params))
-    console.print(steps)
+        console.print(
+            f"  {s['position']}. [bold]{s['action']}[/bold] [{s['status']}, "
+            f"approval {escape(s['approval'])}] {escape(s['title'])}"
+        )
+        for key, value in s["params"].items():
+            if key not in ("namespace", "workload", "workload_kind"):
+                console.print(f"     {key}: {escape(str(value))}", soft_wrap=True)
     console.print("[bold]questions[/bold]")
     for q in inc["questions"]:
         console.print(f"? {escape(q['question'])}")
@@ -122,7 +125,8 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
             console.print(f"  [yellow]unanswered[/yellow] - check: {escape(q['to_check'])}")
     console.print("[bold]timeline[/bold]")
     for t in inc["timeline"]:
-        console.print(f"  {_hhmmss(t['time'])} {t['kind']:<8} {escape(t['message'])}")
+        line = f"  {_hhmmss(t['time'])} {t['kind']:<8} {escape(t['message'])}"
+        console.print(line, soft_wrap=True)
 
 
 def _hhmmss(value: str | None) -> str:

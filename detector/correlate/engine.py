@@ -110,12 +110,14 @@ class Correlator:
         return pattern.attach(inc, "pod_ready", sig, f"pod {sig.pod} Ready again", self.cfg)
 
     def _engine_config(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        if sig.pod:
-            ws.engine_config[sig.pod] = sig
+        if not sig.pod:
+            return []
+        ws.engine_config[(sig.pod, ",".join(sorted(sig.attrs)))] = sig
+        if len(ws.engine_config) > 64:  # bound: drop the oldest
+            del ws.engine_config[next(iter(ws.engine_config))]
         if ws.incident is None:
             return []
-        summary = pattern.config_summary(sig)
-        return pattern.attach(ws.incident, "engine_config", sig, summary, self.cfg)
+        return pattern.attach_config(ws.incident, sig, self.cfg)
 
     def _gpu_memory(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         key = str(sig.attrs.get("uuid") or f"{sig.node}/{sig.attrs.get('gpu')}")
@@ -164,13 +166,20 @@ class Correlator:
         if not isinstance(status, int):
             return []
         ws.lb.add(sig.time, status, int(sig.attrs.get("count") or 1))
+        ws.last_lb = sig
         lb, cfg = ws.lb, self.cfg
         above = lb.error_rate_per_s >= cfg.error_rate_per_s and lb.error_ratio >= cfg.error_ratio
-        if not above and ws.errors_above_since is None:
-            ws.baseline_ok_rate = lb.ok_rate_per_s
-        if above and ws.errors_above_since is None:
+        if ws.errors_above_since is None:
+            if not above:
+                ws.baseline_ok_rate = lb.ok_rate_per_s
+                return []
             return self._surge_started(ws, sig)
-        if not above and ws.errors_above_since is not None and status not in ERROR_STATUSES:
+        # hysteresis: the surge ends when the 5xx rate or share falls under half its threshold
+        over_half = (
+            lb.error_rate_per_s >= cfg.error_rate_per_s / 2
+            and lb.error_ratio >= cfg.error_ratio / 2
+        )
+        if not over_half and status not in ERROR_STATUSES:
             ws.errors_above_since = ws.errors_above_source = None
             ws.surge_handled = False
             return []
@@ -182,35 +191,42 @@ class Correlator:
         return []
 
     def _surge_started(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        lb = ws.lb
-        summary = (
-            f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
-            f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s "
-            f"over {lb.width_s:.0f} s"
-        )
-        attrs = {
-            **sig.attrs,
-            "summary": summary,
-            "error_rate_per_s": round(lb.error_rate_per_s, 3),
-            "request_rate_per_s": round(lb.request_rate_per_s, 3),
-            "error_ratio": round(lb.error_ratio, 3),
-            "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
-            "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
-            "window_s": lb.width_s,
-        }
-        marked = Signal(
-            sig.kind, sig.time, sig.source, sig.namespace, sig.pod, sig.container, sig.node,
-            sig.cluster, sig.labels, sig.owner, attrs, sig.text,
-        )  # fmt: skip
+        marked = _window_summary(ws, sig)
         ws.errors_above_since = sig.time
         ws.errors_above_source = marked
         if ws.incident is None:
             return []
+        summary = str(marked.attrs["summary"])
         return pattern.attach(ws.incident, "lb_errors", marked, summary, self.cfg)
+
+
+def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
+    """Return ``sig`` carrying the workload's load-balancer window rates (per second)."""
+    lb = ws.lb
+    summary = (
+        f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
+        f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"
+    )
+    attrs = {
+        **sig.attrs,
+        "summary": summary,
+        "error_rate_per_s": round(lb.error_rate_per_s, 3),
+        "request_rate_per_s": round(lb.request_rate_per_s, 3),
+        "error_ratio": round(lb.error_ratio, 3),
+        "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
+        "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
+        "window_s": lb.width_s,
+    }
+    return Signal(
+        sig.kind, sig.time, sig.source, sig.namespace, sig.pod, sig.container, sig.node,
+        sig.cluster, sig.labels, sig.owner, attrs, sig.text,
+    )  # fmt: skip
 
 
 def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:
     signals = sorted(inc.signals, key=lambda s: s.time)
+    if ws.last_lb is not None and ws.lb.total:
+        signals.append(_window_summary(ws, ws.last_lb))
     return IncidentContext(
         key=inc.key,
         namespace=ws.ref.namespace,

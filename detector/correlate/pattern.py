@@ -33,6 +33,15 @@ def attach(
     return [EvidenceAdded(inc.key, kind, signal, summary)]
 
 
+def attach_config(inc: IncidentState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
+    """Attach an engine configuration signal unless the pod already logged the same values."""
+    seen = (sig.pod or "", repr(sorted(sig.attrs.items())))
+    if seen in inc.seen_configs:
+        return []
+    inc.seen_configs.add(seen)
+    return attach(inc, "engine_config", sig, config_summary(sig), cfg)
+
+
 def on_gpu_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
     """Apply a GPU OOM of one pod: open an incident, add a victim, or escalate."""
     pod = sig.pod or "?"
@@ -78,7 +87,7 @@ def open_incident(
     out: list[Decision] = [IncidentOpened(key, ws.ref, time)]
     out.append(StageChanged(key, Stage.SUSPECTED, time, reason))
     for sig in ws.engine_config.values():
-        out += attach(inc, "engine_config", sig, config_summary(sig), cfg)
+        out += attach_config(inc, sig, cfg)
     for sig in ws.crash_loops:
         if time - sig.time <= cfg.window_s:
             out += attach(inc, "crash_loop", sig, crash_summary(sig), cfg)

@@ -89,6 +89,7 @@ class IncidentState:
     victims: dict[str, float] = field(default_factory=dict)  # pod -> first OOM time, ordered
     signals: list[Signal] = field(default_factory=list)
     evidence_counts: Counter[str] = field(default_factory=Counter)
+    seen_configs: set[tuple[str, str]] = field(default_factory=set)  # (pod, attrs) attached
     contained_at: float | None = None
     peak_stage: Stage = Stage.SUSPECTED
 
@@ -103,7 +104,8 @@ class WorkloadState:
     last_oom: dict[str, float] = field(default_factory=dict)  # pod -> last GPU OOM time
     last_gpu_oom_at: float | None = None
     at_ceiling: dict[str, Signal] = field(default_factory=dict)  # pod -> latest pressure signal
-    engine_config: dict[str, Signal] = field(default_factory=dict)  # pod -> latest config
+    engine_config: dict[tuple[str, str], Signal] = field(default_factory=dict)  # (pod, keys)
+    last_lb: Signal | None = None
     crash_loops: deque[Signal] = field(default_factory=lambda: deque(maxlen=20))
     errors_above_since: float | None = None
     errors_above_source: Signal | None = None

@@ -63,12 +63,15 @@ def classify_line(text: str) -> Classification:
     lower = text.lower()
     if not any(token in lower for token in pat.GATE_TOKENS):
         return NOT_GPU_OOM
-    if pat.SOURCE_LINE.search(text):
+    if "raise " in text and pat.SOURCE_LINE.search(text):
         return Classification(OomClass.NOT_GPU_OOM, reason="traceback_source")
     for table in _TABLES:
-        for pattern, verdict, framework, reason in table:
-            if pattern.search(text):
-                return _build(text, lower, OomClass(verdict), framework, reason)
+        for needles, pattern, verdict, framework, reason in table:
+            for needle in needles:  # a plain loop: any() with a generator costs more here
+                if needle in lower:
+                    if pattern.search(text):
+                        return _build(text, lower, OomClass(verdict), framework, reason)
+                    break
     return NOT_GPU_OOM
 
 

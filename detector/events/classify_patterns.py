@@ -13,14 +13,18 @@ fixed order and the first match wins. Wordings and their sources:
   the available KV cache memory", "Free memory on device ... on startup is less than desired
   GPU memory utilization"): https://github.com/vllm-project/vllm/issues/2418,
   https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py
-- vLLM engine death ("EngineDeadError", "AsyncEngineDeadError", "Engine loop has died"):
-  https://github.com/vllm-project/vllm/pull/5173
+- vLLM engine death ("EngineDeadError", "AsyncEngineDeadError", "Engine loop has died",
+  "Engine process (pid N) died", "Worker proc X died unexpectedly", "EngineCore failed to
+  start"): https://github.com/vllm-project/vllm/pull/5173,
+  https://github.com/vllm-project/vllm/issues/12233, https://github.com/vllm-project/vllm/issues/18446
 - TGI warmup ("Not enough memory to handle 4096 prefill tokens") and shard death ("Shard 0
   failed to start", "ShardCannotStart"):
   https://github.com/huggingface/text-generation-inference/issues/755,
   https://github.com/huggingface/text-generation-inference/issues/866
-- SGLang KV pool sizing ("Not enough memory. Please try to increase --mem-fraction-static"):
-  https://github.com/sgl-project/sglang/issues/322
+- SGLang KV pool sizing ("Not enough memory. Please try to increase --mem-fraction-static"),
+  exhaustion ("No space left for only one request") and scheduler death ("Scheduler hit an
+  exception"): https://github.com/sgl-project/sglang/issues/322,
+  https://github.com/sgl-project/sglang/pull/14948, https://github.com/sgl-project/sglang/issues/4048
 - TensorRT-LLM ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of
   memory"): https://github.com/NVIDIA/TensorRT-LLM/issues/498
 - ONNX Runtime BFC arena ("BFCArena::AllocateRawInternal ... Failed to allocate memory for
@@ -32,11 +36,15 @@ fixed order and the first match wins. Wordings and their sources:
 - XLA/JAX and TensorFlow ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate N bytes",
   "OOM when allocating tensor ... device:GPU:0"):
   https://github.com/google-deepmind/alphafold/issues/1023
-- ggml/llama.cpp ("cudaMalloc failed: out of memory"): https://github.com/ollama/ollama/issues/3683
+- ggml/llama.cpp ("cudaMalloc failed: out of memory", "failed to allocate CUDA0 buffer of size
+  N"): https://github.com/ollama/ollama/issues/3683, https://github.com/ggml-org/llama.cpp/issues/20431
 - CUDA runtime ("CUDA error: out of memory", cudaErrorMemoryAllocation = error 2):
   https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html
-- Linux OOM killer ("Out of memory: Killed process", "invoked oom-killer") and Kubernetes
-  "OOMKilled": https://www.kernel.org/doc/gorman/html/understand/understand016.html
+- Linux OOM killer ("Out of memory: Killed process", "invoked oom-killer", "oom-kill:"),
+  Kubernetes "OOMKilled" and compose "exited with code 137" (host-side look-alikes):
+  https://github.com/equinor/ert/issues/7797, https://github.com/vectorch-ai/ScaleLLM/issues/38
+- Hints that only mention OOM ("If out-of-memory error occurs during cudagraph capture, ..."):
+  https://github.com/vllm-project/vllm/pull/14447
 """
 
 from __future__ import annotations
@@ -44,16 +52,23 @@ from __future__ import annotations
 import re
 from typing import Final
 
-Rule = tuple[re.Pattern[str], str, str | None, str]
+Rule = tuple[tuple[str, ...], re.Pattern[str], str, str | None, str]
+RuleSpec = tuple[tuple[str, ...], str, str, str | None, str]
 
 _I = re.IGNORECASE
 
 
-def _rules(*items: tuple[str, str, str | None, str]) -> tuple[Rule, ...]:
-    return tuple((re.compile(p, _I), verdict, fw, reason) for p, verdict, fw, reason in items)
+def _rules(*items: RuleSpec) -> tuple[Rule, ...]:
+    """Compile ``(needles, pattern, verdict, framework, reason)`` specs.
+
+    ``needles`` are lower-case substrings of which every match contains at least one; the
+    classifier runs the regex only when one is in the lower-cased line (the cheap check).
+    """
+    return tuple((needles, re.compile(p, _I), v, fw, why) for needles, p, v, fw, why in items)
 
 
 GPU, DEAD, HOST, NOT, AMB = "gpu_oom", "engine_dead", "host_oom", "not_gpu_oom", "ambiguous"
+OOM = ("out of memory",)
 
 # Lower-case tokens at least one of which every GPU/dead/host rule needs; without any: NOT.
 GATE_TOKENS: Final = (
@@ -82,14 +97,21 @@ SOURCE_LINE: Final = re.compile(r"(?:^|[\s\]|])raise [\w.]+\(")
 
 # Wordings that are certainly a GPU OOM even when the line also carries a hint.
 STRONG: Final = _rules(
-    (r"\b(?:CUDA|HIP|XPU) out of memory\. Tried to allocate", GPU, "pytorch", "pytorch_oom"),
-    (r"OutOfMemoryError: (?:CUDA|HIP|XPU|Allocation on device)", GPU, "pytorch", "pytorch_oom"),
+    (OOM, r"\b(?:CUDA|HIP|XPU) out of memory\. Tried to allocate", GPU, "pytorch", "pytorch_oom"),
+    (
+        ("outofmemoryerror",),
+        r"OutOfMemoryError: (?:CUDA|HIP|XPU|Allocation on device)",
+        GPU,
+        "pytorch",
+        "pytorch_oom",
+    ),
 )
 
 # Look-alikes that mention the OOM words but are hints, info or explicit non-failures.
 EXCLUDE: Final = _rules(
-    (r"this is not a failure", NOT, None, "warning_not_a_failure"),
+    (("not a failure",), r"this is not a failure", NOT, None, "warning_not_a_failure"),
     (
+        ("out of memory", "out-of-memory", "oom"),
         r"\b(?:if|in case|to avoid|avoid(?:ing)?|prevent(?:ing|s)?|reduce the (?:risk|chance) of"
         r"|(?:may|might|can|could|will) (?:cause|lead to|result in)|risking)\b[^.;]{0,40}?"
         r"(?:out[- ]of[- ]memory|\bOOMs?\b)",
@@ -97,34 +119,56 @@ EXCLUDE: Final = _rules(
         None,
         "hint",
     ),
-    (r"\bwhen (?:an? )?OOMs? (?:happens|occurs)", NOT, None, "hint"),
-    (r"OOM when allocating tensor.{0,200}?(?:device:CPU|cpu_bfc|\bcpu\b)", NOT, None, "host_ram"),
-    (r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
+    (("oom",), r"\bwhen (?:an? )?OOMs? (?:happens|occurs)", NOT, None, "hint"),
     (
+        ("oom when allocating",),
+        r"OOM when allocating tensor.{0,200}?(?:device:CPU|cpu_bfc|\bcpu\b)",
+        NOT,
+        None,
+        "host_ram",
+    ),
+    (
+        ("bfcarena",),
         r"^(?=.*(?:nchwc|CPUExecutionProvider|\bCPU\b|cpu_?allocator)).*BFCArena",
         AMB,
         "onnxruntime",
         "onnxruntime_arena_cpu_hint",
     ),
+    (("hostalloc",), r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
 )
 
 GPU_RULES: Final = _rules(
-    (r"\b(?:CUDA|HIP|XPU) out of memory", GPU, "pytorch", "pytorch_oom"),
-    (r"No available memory for the cache blocks", GPU, "vllm", "kv_cache_no_memory"),
+    (OOM, r"\b(?:CUDA|HIP|XPU) out of memory", GPU, "pytorch", "pytorch_oom"),
     (
+        ("cache blocks",),
+        r"No available memory for the cache blocks",
+        GPU,
+        "vllm",
+        "kv_cache_no_memory",
+    ),
+    (
+        ("stored in kv cache",),
         r"larger than the maximum number of tokens that can be stored in KV cache",
         GPU,
         "vllm",
         "kv_cache_insufficient",
     ),
-    (r"larger than the available KV cache memory", GPU, "vllm", "kv_cache_insufficient"),
     (
+        ("available kv cache memory",),
+        r"larger than the available KV cache memory",
+        GPU,
+        "vllm",
+        "kv_cache_insufficient",
+    ),
+    (
+        ("serve at least",),
         r"To serve at least one request with the models?'?s'? max seq len",
         GPU,
         "vllm",
         "kv_cache_insufficient",
     ),
     (
+        ("insufficient", "not enough"),
         r"KV cache[^.]{0,40}\b(?:insufficient|not enough)|(?:insufficient|not enough)"
         r" (?:memory|space) for (?:the )?KV cache",
         GPU,
@@ -132,65 +176,132 @@ GPU_RULES: Final = _rules(
         "kv_cache_insufficient",
     ),
     (
+        ("free memory on device",),
         r"Free memory on device.{0,40} on startup is less than",
         GPU,
         "vllm",
         "startup_free_memory_check",
     ),
-    (r"Not enough memory to handle \d+ (?:total |prefill )?tokens", GPU, "tgi", "warmup_oom"),
-    (r"Not enough memory\b.{0,60}mem[-_]fraction[-_]static", GPU, "sglang", "kv_pool_sizing"),
-    (r"\bPrefill out of memory\b", GPU, "sglang", "prefill_oom"),
-    (r"\[TensorRT-LLM\].{0,200}out of memory", GPU, "tensorrt_llm", "cuda_runtime_oom"),
-    (r"BFCArena::AllocateRaw\w*.{0,200}Failed to allocate memory", GPU, "onnxruntime", "bfc_arena"),
     (
+        ("not enough memory to handle",),
+        r"Not enough memory to handle \d+ (?:total |prefill )?tokens",
+        GPU,
+        "tgi",
+        "warmup_oom",
+    ),
+    (
+        ("not enough memory",),
+        r"Not enough memory\b.{0,60}mem[-_]fraction[-_]static",
+        GPU,
+        "sglang",
+        "kv_pool_sizing",
+    ),
+    (OOM, r"\bPrefill out of memory\b", GPU, "sglang", "prefill_oom"),
+    (OOM, r"\[TensorRT-LLM\].{0,200}out of memory", GPU, "tensorrt_llm", "cuda_runtime_oom"),
+    (
+        ("bfcarena",),
+        r"BFCArena::AllocateRaw\w*.{0,200}Failed to allocate memory",
+        GPU,
+        "onnxruntime",
+        "bfc_arena",
+    ),
+    (
+        ("alloc_failed",),
         r"\bCU(BLAS|DNN|SPARSE|SOLVER|FFT|RAND)_(?:STATUS_)?ALLOC_FAILED",
         GPU,
         "cuda",
         "library_alloc_failed",
     ),
-    (r"Cuda failure '?out of memory", GPU, "nccl", "nccl_cuda_failure"),
-    (r"Failed to CUDA c?alloc \d+ bytes", GPU, "nccl", "nccl_cuda_alloc"),
+    (OOM, r"Cuda failure '?out of memory", GPU, "nccl", "nccl_cuda_failure"),
+    (("failed to cuda",), r"Failed to CUDA c?alloc \d+ bytes", GPU, "nccl", "nccl_cuda_alloc"),
     (
+        ("resource_exhausted",),
         r"RESOURCE_EXHAUSTED:.{0,80}(?:out of memory|Failed to allocate request|ran out of memory)",
         GPU,
         "jax",
         "xla_resource_exhausted",
     ),
     (
+        ("oom when allocating",),
         r"OOM when allocating tensor.{0,200}?(?:device:GPU|GPU_\d+_bfc)",
         GPU,
         "tensorflow",
         "tf_resource_exhausted",
     ),
     (
+        ("ran out of memory",),
         r"Allocator \(GPU_\d+_bfc\) ran out of memory trying to allocate",
         GPU,
         "tensorflow",
         "tf_bfc_allocator",
     ),
-    (r"\berror\s*[=(]\s*2\)?\s*:\s*out of memory", GPU, "pytorch", "thc_error_2"),
-    (r"CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", GPU, "cuda", "cuda_error_2"),
-    (r"\bcu(?:da)?Malloc\w*(?:\(\))? failed: out of memory", GPU, "cuda", "cuda_malloc_failed"),
+    (OOM, r"\berror\s*[=(]\s*2\)?\s*:\s*out of memory", GPU, "pytorch", "thc_error_2"),
     (
+        ("cuda_error_out_of_memory", "cudaerrormemoryallocation"),
+        r"CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
+        GPU,
+        "cuda",
+        "cuda_error_2",
+    ),
+    (
+        OOM,
+        r"\bcu(?:da)?Malloc\w*(?:\(\))? failed: out of memory",
+        GPU,
+        "cuda",
+        "cuda_malloc_failed",
+    ),
+    (
+        ("error",),
         r"\bCUDA error: out of memory|\bcuda\w*[\w ]{0,30}?error[\s=(:]*2\b(?![.\d])",
         GPU,
         "cuda",
         "cuda_error_2",
     ),
-    (r"\bcuda\b.{0,80}\bout of memory", GPU, "cuda", "cuda_error_2"),
-    (r"(?:failed|unable) to allocate CUDA\d* buffer", GPU, "ggml", "ggml_buffer_alloc"),
-    (r"No space left for only one request", GPU, "sglang", "kv_pool_exhausted"),
+    (OOM, r"\bcuda\b.{0,80}\bout of memory", GPU, "cuda", "cuda_error_2"),
+    (
+        ("to allocate cuda",),
+        r"(?:failed|unable) to allocate CUDA\d* buffer",
+        GPU,
+        "ggml",
+        "ggml_buffer_alloc",
+    ),
+    (
+        ("no space left",),
+        r"No space left for only one request",
+        GPU,
+        "sglang",
+        "kv_pool_exhausted",
+    ),
 )
 
 AMBIGUOUS_RULES: Final = _rules(
-    (r"OOM when allocating tensor", AMB, "tensorflow", "tf_oom_device_unknown"),
-    (r"CUDNN_STATUS_EXECUTION_FAILED", AMB, "cudnn", "cudnn_execution_failed"),
-    (r"CUBLAS_STATUS_NOT_INITIALIZED", AMB, "cublas", "cublas_not_initialized"),
+    (
+        ("oom when allocating",),
+        r"OOM when allocating tensor",
+        AMB,
+        "tensorflow",
+        "tf_oom_device_unknown",
+    ),
+    (
+        ("execution_failed",),
+        r"CUDNN_STATUS_EXECUTION_FAILED",
+        AMB,
+        "cudnn",
+        "cudnn_execution_failed",
+    ),
+    (
+        ("not_initialized",),
+        r"CUBLAS_STATUS_NOT_INITIALIZED",
+        AMB,
+        "cublas",
+        "cublas_not_initialized",
+    ),
 )
 
 DEAD_RULES: Final = _rules(
-    (r"\b\w*EngineDeadError\b", DEAD, "vllm", "engine_dead"),
+    (("enginedeaderror",), r"\b\w*EngineDeadError\b", DEAD, "vllm", "engine_dead"),
     (
+        ("died", "task failed", "errored", "enginecore", "initialization failed", "already dead"),
         r"Engine loop has died|Engine background task failed|Background loop has errored"
         r"|Engine (?:core )?process \(pid \d+\) died|Engine core proc \S+ died"
         r"|EngineCore (?:encountered|failed to start)|Engine core initialization failed"
@@ -200,6 +311,7 @@ DEAD_RULES: Final = _rules(
         "engine_dead",
     ),
     (
+        ("shard", "webserver crashed"),
         r"Shard \d+ (?:crashed|failed to start)|\bShardCannotStart\b|Webserver Crashed"
         r"|Shard process was signaled to shutdown",
         DEAD,
@@ -207,6 +319,7 @@ DEAD_RULES: Final = _rules(
         "shard_dead",
     ),
     (
+        ("sigquit", "hit an exception"),
         r"Received sigquit from a child process|Scheduler hit an exception",
         DEAD,
         "sglang",
@@ -216,25 +329,51 @@ DEAD_RULES: Final = _rules(
 
 HOST_RULES: Final = _rules(
     (
+        ("kill process", "killed process", "oom-kill"),
         r"\bout of memory: Kill(?:ed)? process|\binvoked oom-killer\b|\boom-kill:",
         HOST,
         None,
         "oom_killer",
     ),
-    (r"\bOOMKilled\b", HOST, None, "oom_killed"),
-    (r"\bexit(?:ed with)? (?:code|status):? 137\b", HOST, None, "exit_137"),
+    (("oomkilled",), r"\bOOMKilled\b", HOST, None, "oom_killed"),
+    (("137",), r"\bexit(?:ed with)? (?:code|status):? 137\b", HOST, None, "exit_137"),
 )
 
 # Recognized look-alikes, for the reason of a NOT_GPU_OOM verdict.
 LOOKALIKE_RULES: Final = _rules(
-    (r"MemoryError|CPUAllocator|can't allocate memory|Java heap space", NOT, None, "host_ram"),
-    (r"shared memory|\bshm\b", NOT, None, "host_shm"),
-    (r"illegal memory access|cudaErrorIllegalAddress", NOT, None, "illegal_memory_access"),
-    (r"device-side assert|Assertion `", NOT, None, "device_side_assert"),
-    (r"no CUDA-capable device|No CUDA GPUs|driver version is insufficient", NOT, None, "no_device"),
-    (r"Watchdog caught|NCCL.{0,40}timeout", NOT, None, "nccl_timeout"),
-    (r"\bXid\b|fallen off the bus", NOT, None, "xid_fault"),
     (
+        ("memoryerror", "cpuallocator", "can't allocate memory", "java heap space"),
+        r"MemoryError|CPUAllocator|can't allocate memory|Java heap space",
+        NOT,
+        None,
+        "host_ram",
+    ),
+    (("shared memory", "shm"), r"shared memory|\bshm\b", NOT, None, "host_shm"),
+    (
+        ("illegal memory access", "illegaladdress"),
+        r"illegal memory access|cudaErrorIllegalAddress",
+        NOT,
+        None,
+        "illegal_memory_access",
+    ),
+    (
+        ("device-side assert", "assertion `"),
+        r"device-side assert|Assertion `",
+        NOT,
+        None,
+        "device_side_assert",
+    ),
+    (
+        ("no cuda-capable", "no cuda gpus", "driver version is insufficient"),
+        r"no CUDA-capable device|No CUDA GPUs|driver version is insufficient",
+        NOT,
+        None,
+        "no_device",
+    ),
+    (("watchdog", "timeout"), r"Watchdog caught|NCCL.{0,40}timeout", NOT, None, "nccl_timeout"),
+    (("xid", "fallen off"), r"\bXid\b|fallen off the bus", NOT, None, "xid_fault"),
+    (
+        ("memory profiling", "model weights take", "sleep mode freed", "preemptionmode"),
         r"Memory profiling|model weights take|Sleep mode freed|preempted by PreemptionMode",
         NOT,
         None,
@@ -260,7 +399,7 @@ CUDA_FRAMEWORK_HINTS: Final = (
 )
 JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
 
-_NUM = r"(\d+(?:\.\d+)?)"
+_NUM = r"(\d{1,20}(?:\.\d{1,20})?)"  # bounded: int() and float() of it never fail
 _UNIT = r"\s*(bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
 SIZE_TRIED: Final = re.compile(
     r"(?:tried to allocate|trying to allocate|allocate request for|failed to allocate"
@@ -268,18 +407,18 @@ SIZE_TRIED: Final = re.compile(
     + _NUM
     + r"(?:"
     + _UNIT
-    + r")?(?:\s*\((\d+)\s*(?:bytes|B)\))?",
+    + r")?(?:\s*\((\d{1,20})\s*(?:bytes|B)\))?",
     _I,
 )
 SIZE_CAPACITY: Final = (
     re.compile(r"total capac(?:i)?ty of\s*" + _NUM + _UNIT, _I),
-    re.compile(_NUM + _UNIT + r" total capacity", _I),
+    re.compile(r"(?<![\d.])" + _NUM + _UNIT + r" total capacity", _I),
     re.compile(r"Device limit\s*:\s*" + _NUM + _UNIT, _I),
 )
 SIZE_FREE: Final = (
     re.compile(r"of which\s*" + _NUM + _UNIT + r" is free", _I),
     re.compile(r"Free \(according to CUDA\)\s*:\s*" + _NUM + _UNIT, _I),
-    re.compile(_NUM + r"\s*([KMGTP]i?B|bytes) free[;,)]"),
+    re.compile(r"(?<![\d.])" + _NUM + r"\s*([KMGTP]i?B|bytes) free[;,)]"),
 )
 # vLLM: "Free memory on device cuda:0 (36.75/121.63 GiB) on startup ..."
 FREE_OF_TOTAL: Final = re.compile(
@@ -287,6 +426,6 @@ FREE_OF_TOTAL: Final = re.compile(
 )
 GPU_INDEX: Final = re.compile(
     r"(?:\bGPU[ :=_]|device:GPU:|device ordinal |\bon device |cuda:|current device: "
-    r"|\bCUDA(?=\d+ buffer))(\d+)(?!\d)",
+    r"|\bCUDA(?=\d+ buffer))(\d{1,6})(?!\d)",
     _I,
 )

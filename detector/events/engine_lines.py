@@ -37,9 +37,12 @@ from detector.events.model import SignalKind
 
 Parsed = tuple[SignalKind, dict[str, Any]]
 MAX_ARGS_CHARS = 16384  # a longer dict repr is not evaluated, only scanned by regex
+MAX_NUMBER = 1e15  # larger values are garbage, not engine settings
 
 _CONFIG, _PRESSURE = SignalKind.ENGINE_CONFIG, SignalKind.ENGINE_PRESSURE
-_NUM = r"(\d[\d,]*(?:\.\d+)?)"
+_COUNT = r"(\d[\d,]{0,20})"  # "2,042,016"; bounded so int() never fails
+_INT = r"(\d{1,15})"
+_FLOAT = r"(\d{1,15}(?:\.\d{1,15})?)"
 
 # Source key -> attr key; the same names in vLLM dicts, vLLM/SGLang "k=v" and TGI "k: v".
 _VLLM_KEYS = {
@@ -74,26 +77,34 @@ _SGLANG_KEYS = {
 _KV_EQ = re.compile(r"\b(\w+)=(?:Some\()?'?([\w.\-]+)")
 _KV_COLON = re.compile(r"\b(\w+): (?:Some\()?([\w.\-]+)")
 _DICT_ITEM = re.compile(r"'(\w+)': ([\w.\-]+)")
-_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?", re.IGNORECASE)
-_KV_TOKENS = re.compile(r"GPU KV cache size: " + _NUM + " tokens")
+_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: " + _INT + "(?:, # CPU blocks: " + _INT + ")?", re.I)
+_KV_TOKENS = re.compile(r"GPU KV cache size: " + _COUNT + " tokens")
 _KV_MEMORY = re.compile(
     r"(?:Available KV cache memory: |reserved for KV Cache is |kv_cache_size=)"
-    r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)",
+    + _FLOAT
+    + r"\s*([KMGT]i?B)",
     re.IGNORECASE,
 )
-_UTILIZATION = re.compile(r"gpu_memory_utilization[=( ]+([\d.]+)")
-_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
-_SGLANG_KV_ALLOC = re.compile(
-    r"KV Cache is allocated\. #tokens: (\d+), K size: ([\d.]+) ([KMGT]i?B), V size: ([\d.]+)"
+_UTILIZATION = re.compile(r"gpu_memory_utilization[=( ]+" + _FLOAT)
+_CONCURRENCY = re.compile(
+    r"Maximum concurrency for " + _COUNT + " tokens per request: " + _FLOAT + "x"
 )
-_USAGE = re.compile(r"GPU KV cache usage: ([\d.]+)%")
-_REQS = re.compile(r"\b(Running|Waiting|Pending|Swapped): (\d+) reqs")
-_PREEMPTED = re.compile(r"total_num_cumulative_preemption=(\d+)")
-_SG_RUNNING = re.compile(r"#running-req: (\d+)")
-_SG_QUEUE = re.compile(r"#queue-req: (\d+)")
-_SG_USAGE = re.compile(r"\btoken usage: ([\d.]+)")
-_SG_RETRACT = re.compile(r"#retracted_reqs: (\d+)")
-_TGI_TOTAL = re.compile(r"Setting max batch total tokens to (\d+)")
+_SGLANG_KV_ALLOC = re.compile(
+    r"KV Cache is allocated\. #tokens: "
+    + _INT
+    + ", K size: "
+    + _FLOAT
+    + r" ([KMGT]i?B), V size: "
+    + _FLOAT
+)
+_USAGE = re.compile(r"GPU KV cache usage: " + _FLOAT + "%")
+_REQS = re.compile(r"\b(Running|Waiting|Pending|Swapped): " + _INT + " reqs")
+_PREEMPTED = re.compile(r"total_num_cumulative_preemption=" + _INT)
+_SG_RUNNING = re.compile(r"#running-req: " + _INT)
+_SG_QUEUE = re.compile(r"#queue-req: " + _INT)
+_SG_USAGE = re.compile(r"\btoken usage: " + _FLOAT)
+_SG_RETRACT = re.compile(r"#retracted_reqs: " + _INT)
+_TGI_TOTAL = re.compile(r"Setting max batch total tokens to " + _INT)
 # Lower-case tokens at least one of which every line this module parses contains.
 ENGINE_GATE_TOKENS = (
     "kv",
@@ -233,18 +244,22 @@ def _pick(values: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _scalar(value: Any) -> int | float | bool | None:
-    if value is None or isinstance(value, bool | int | float):
+    """Return a bool or a finite number below ``MAX_NUMBER``; ``None`` for anything else."""
+    if isinstance(value, bool):
         return value
-    text = str(value).strip("'\"")
-    if text in ("True", "true", "False", "false"):
-        return text.lower() == "true"
-    try:
-        number = float(text.replace(",", ""))
-    except ValueError:
-        return None
-    if not math.isfinite(number):
-        return None
-    return int(number) if number.is_integer() and "." not in text else number
+    if isinstance(value, int | float):
+        number: int | float = value
+    else:
+        text = str(value).strip("'\"")
+        if text in ("True", "true", "False", "false"):
+            return text.lower() == "true"
+        try:
+            number = float(text.replace(",", ""))
+        except ValueError:
+            return None
+        if number.is_integer() and "." not in text and "e" not in text.lower():
+            number = int(number)
+    return number if math.isfinite(number) and abs(number) < MAX_NUMBER else None
 
 
 def _int(text: str) -> int:

@@ -66,9 +66,7 @@ class IncidentFlows:
             if isinstance(d, StageChanged):
                 self._stage(incident, d, session, contexts)
             elif isinstance(d, VictimAdded):
-                if service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time):
-                    self._note(session, incident, d.time, "signal", f"victim #{d.position}: "
-                               f"pod {d.pod} died of GPU OOM", f"victim:{d.pod}")  # fmt: skip
+                self._victim(incident, d, session, contexts)
             elif isinstance(d, EvidenceAdded):
                 self._evidence(incident, d, session)
 
@@ -113,6 +111,19 @@ class IncidentFlows:
             self._planned.add(d.key)
             self._plan(incident, ctx, d.time, session)
         self._answer(incident, ctx, session)
+
+    def _victim(
+        self, incident: Incident, d: VictimAdded, session: Session, contexts: ContextLookup
+    ) -> None:
+        if not service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time):
+            return
+        message = f"victim #{d.position}: pod {d.pod} died of GPU OOM"
+        self._note(session, incident, d.time, "signal", message, f"victim:{d.pod}")
+        ctx = contexts(d.key)
+        if d.key in self._planned and ctx is not None:  # the restart list grows with victims
+            self._plan(incident, ctx, d.time, session)
+            message = f"runbook re-planned for {d.position} victims"
+            self._note(session, incident, d.time, "step", message, f"replan:{d.position}")
 
     def _evidence(self, incident: Incident, d: EvidenceAdded, session: Session) -> None:
         s = d.signal

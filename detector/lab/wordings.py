@@ -63,15 +63,10 @@ _STARTUP = """\
 9.0|A|__init__.py:711|Resolved architecture: LlamaForCausalLM
 9.0|A|__init__.py:1750|Using max model len 32768
 9.1|A|scheduler.py:222|Chunked prefill is enabled with max_num_batched_tokens=8192.
-14.2|E|core.py:636|Waiting for init message from front-end.
 14.3|E|core.py:74|Initializing a V1 LLM engine (v{version}) with config: model='{model}', \
 speculative_config=None, tokenizer='{model}', dtype=torch.bfloat16, max_seq_len=32768, \
 tensor_parallel_size=1, kv_cache_dtype=auto, enable_prefix_caching=True
-16.0|E|parallel_state.py:1134|rank 0 in world size 1 is assigned as DP rank 0, PP rank 0, \
-TP rank 0, EP rank 0
 17.1|E|gpu_model_runner.py:1953|Starting to load model {model}...
-17.4|E|cuda.py:328|Using Flash Attention backend on V1 engine.
-17.8|E|weight_utils.py:296|Using model weights format ['*.safetensors']
 21.6|S||Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:03<00:00,  1.06it/s]
 21.7|E|default_loader.py:262|Loading weights took 3.86 seconds
 22.4|E|gpu_model_runner.py:2007|Model loading took 14.9889 GiB and 4.612310 seconds
@@ -174,11 +169,8 @@ _ENGINE_FRAMES = """\
 {d}/vllm/v1/engine/core.py|718|run_busy_loop|self._process_engine_step()
 {d}/vllm/v1/engine/core.py|743|_process_engine_step|outputs, model_executed = self.step_fn()
 {d}/vllm/v1/engine/core.py|288|step|model_output = self.execute_model_with_error_logging(
-{d}/vllm/v1/engine/core.py|274|execute_model_with_error_logging|raise err
 {d}/vllm/v1/engine/core.py|265|execute_model_with_error_logging|return model_fn(scheduler_output)
-{d}/vllm/v1/worker/gpu_worker.py|363|execute_model|output = self.model_runner.execute_model(
 {d}/vllm/v1/worker/gpu_model_runner.py|1620|execute_model|logits = self.model.compute_logits(
-{d}/vllm/model_executor/layers/logits_processor.py|70|forward|logits = self._get_logits(
 {d}/vllm/model_executor/layers/logits_processor.py|104|_get_logits|logits = lm_head.quant_\
 method.apply(
 """
@@ -211,23 +203,36 @@ def vllm_oom_death(t: float, engine: str, oom: OomNumbers, clients: Sequence[str
     the traceback again on stderr, and uvicorn shuts down.
     """
     dump = vllm_prefix(t, "ERROR", "dump_input.py:69", engine)
-    err = vllm_prefix(t, "ERROR", "core.py:700", engine)
-    api = vllm_prefix(t, "ERROR", "async_llm.py:416")
     config = f"model='{MODEL}', dtype=torch.bfloat16, max_seq_len=32768, enable_prefix_caching=True"
+    err = vllm_prefix(t, "ERROR", "core.py:700", engine)
+    core = ["EngineCore encountered a fatal error.", "Traceback (most recent call last):"]
     out: list[Line] = [
         (
             0.0,
             "stdout",
             f"{dump}Dumping input data for V1 LLM engine (v{VLLM_VERSION}) with config: {config}",
         ),
+        *[
+            (0.001, "stdout", err + text)
+            for text in [*core, *frames(_ENGINE_FRAMES), oom.message()]
+        ],
     ]
-    core = [
-        "EngineCore encountered a fatal error.",
-        "Traceback (most recent call last):",
-        *frames(_ENGINE_FRAMES),
-        oom.message(),
-    ]
-    out += [(0.001, "stdout", err + text) for text in core]
+    out += _api_server_death(t, clients)
+    name = engine.split()[0].lstrip("(")
+    mp = [f"Process {name}:", "Traceback (most recent call last):", *frames(_MP_FRAMES)]
+    out += [(0.02, "stderr", f"{engine} {text}") for text in [*mp, oom.message()]]
+    shutdown = (
+        "Shutting down",
+        "Waiting for application shutdown.",
+        "Application shutdown complete.",
+        "Finished server process [1]",
+    )
+    return out + [(0.9, "stdout", f"{API} INFO:     {msg}") for msg in shutdown]
+
+
+def _api_server_death(t: float, clients: Sequence[str]) -> list[Line]:
+    """Return the API server's ``EngineDeadError`` and the 500s of in-flight requests."""
+    api = vllm_prefix(t, "ERROR", "async_llm.py:416")
     dead = [
         "AsyncLLM output_handler failed.",
         "Traceback (most recent call last):",
@@ -235,20 +240,8 @@ def vllm_oom_death(t: float, engine: str, oom: OomNumbers, clients: Sequence[str
         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
         "See stack trace (above) for the root cause.",
     ]
-    out += [(0.004, "stdout", api + text) for text in dead]
-    for client in clients:
-        out.append((0.01, "stdout", uvicorn_access(client, "POST", CHAT, 500, API)))
-    name = engine.split()[0].lstrip("(")
-    mp = [f"Process {name}:", "Traceback (most recent call last):", *frames(_MP_FRAMES)]
-    out += [(0.02, "stderr", f"{engine} {text}") for text in [*mp, oom.message()]]
-    for msg in (
-        "Shutting down",
-        "Waiting for application shutdown.",
-        "Application shutdown complete.",
-        "Finished server process [1]",
-    ):
-        out.append((0.9, "stdout", f"{API} INFO:     {msg}"))
-    return out
+    out: list[Line] = [(0.004, "stdout", api + text) for text in dead]
+    return out + [(0.01, "stdout", uvicorn_access(c, "POST", CHAT, 500, API)) for c in clients]
 
 
 def nginx_time_local(t: float) -> str:
@@ -330,51 +323,72 @@ def pylog(t: float, level: str, logger: str, msg: str) -> str:
     return f"{utc(t, '%Y-%m-%d %H:%M:%S')},{millis:03d} {level} {logger}: {msg}"
 
 
-_DATALOADER_FRAMES = """\
-{d}/torch/utils/data/dataloader.py|1243|_try_get_data|data = self._data_queue.get(timeout=timeout)
-/usr/local/lib/python3.11/multiprocessing/queues.py|113|get|if not self._poll(timeout):
-{d}/torch/utils/data/_utils/signal_handling.py|67|handler|_error_if_any_worker_fails()
-"""
-_EMBEDDER_FRAMES = """\
-/app/embedder/batching.py|88|encode_batch|for batch in loader:
-{d}/torch/utils/data/dataloader.py|701|__next__|data = self._next_data()
-{d}/torch/utils/data/dataloader.py|1448|_next_data|idx, data = self._get_data()
-{d}/torch/utils/data/dataloader.py|1256|_try_get_data|raise RuntimeError(
-"""
-_RERANKER_FRAMES = """\
-{d}/uvicorn/protocols/http/httptools_impl.py|409|run_asgi|result = await app(
-/app/reranker/api.py|57|rerank|passages = await store.fetch_passages(ids)
-/app/reranker/store.py|41|fetch_passages|conn = await asyncpg.connect(self.dsn)
-{d}/asyncpg/connection.py|2329|connect|return await connect_utils._connect(
-/usr/local/lib/python3.11/asyncio/base_events.py|1085|create_connection|raise exceptions[0]
-/usr/local/lib/python3.11/asyncio/selector_events.py|634|sock_connect|return await fut
-"""
-PY311_SITE = "/usr/local/lib/python3.11/site-packages"
+_UVICORN_UP = (
+    "Started server process [1]",
+    "Waiting for application startup.",
+    "Application startup complete.",
+    "Uvicorn running on http://0.0.0.0:8080 (Press CTRL+C to quit)",
+)
 
 
-def embedder_killed_traceback() -> list[str]:
-    """Return what a PyTorch DataLoader parent prints when the kernel SIGKILLs a worker.
+def _python_service(t: float, steps: Sequence[tuple[float, str, str]]) -> list[Line]:
+    """Return Python logging lines then uvicorn's start-up, all on stderr as uvicorn does."""
+    out = [(dt, "stderr", pylog(t + dt, "INFO", name, msg)) for dt, name, msg in steps]
+    last = steps[-1][0] + 0.3
+    return out + [(last, "stderr", f"INFO:     {msg}") for msg in _UVICORN_UP]
 
-    Wording of torch/utils/data/_utils/signal_handling.py and dataloader.py; no CUDA OOM.
-    """
+
+def embedder_startup(t: float) -> list[Line]:
+    """Return the embedder's start-up: torch and allocator settings, model load, uvicorn."""
+    env = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    return _python_service(
+        t,
+        [
+            (
+                0.0,
+                "embedder.app",
+                f"torch 2.4.1+cu121, CUDA available: True (NVIDIA H100 80GB HBM3), {env}",
+            ),
+            (0.4, "embedder.model", "loading BAAI/bge-large-en-v1.5 on cuda:0 (float16)"),
+            (
+                6.6,
+                "embedder.model",
+                "model ready in 6.2 s: max_seq_length=512, encode batch_size=256, "
+                "DataLoader num_workers=4",
+            ),
+        ],
+    )
+
+
+def embedder_warnings(texts: int) -> list[tuple[float, str]]:
+    """Return (seconds before the kill, text) of the embedder's host-memory warnings."""
+    batches = -(-texts // 256)
     return [
-        "Traceback (most recent call last):",
-        *frames(_DATALOADER_FRAMES, PY311_SITE),
-        "RuntimeError: DataLoader worker (pid 57) is killed by signal: Killed. ",
-        "",
-        "The above exception was the direct cause of the following exception:",
-        "",
-        "Traceback (most recent call last):",
-        *frames(_EMBEDDER_FRAMES, PY311_SITE),
-        "RuntimeError: DataLoader worker (pid(s) 57) exited unexpectedly",
+        (
+            25.0,
+            f"request carries {texts} texts; tokenizing in {batches} batches of 256 "
+            "with 4 DataLoader workers",
+        ),
+        (
+            9.0,
+            "host memory high: resident set 14.6 GiB of the 16 GiB container limit "
+            "(tokenizer output queues)",
+        ),
     ]
 
 
-def reranker_refused_traceback(db_addr: str) -> list[str]:
-    """Return uvicorn's unhandled-exception traceback for a refused database connection."""
-    return [
-        "ERROR:    Exception in ASGI application",
-        "Traceback (most recent call last):",
-        *frames(_RERANKER_FRAMES, PY311_SITE),
-        f"ConnectionRefusedError: [Errno 111] Connect call failed ('{db_addr}', 5432)",
-    ]
+def reranker_startup(t: float) -> list[Line]:
+    """Return the reranker's start-up: model on the GPU, database pool, uvicorn."""
+    return _python_service(
+        t,
+        [
+            (0.0, "reranker.model", "loading BAAI/bge-reranker-v2-m3 on cuda:0 (float16)"),
+            (3.8, "reranker.model", "model ready in 3.8 s"),
+            (
+                4.0,
+                "reranker.store",
+                "catalog-db pool ready (postgresql://reranker@10.96.41.17:5432/"
+                "catalog, min_size=2, max_size=10)",
+            ),
+        ],
+    )

@@ -17,7 +17,11 @@ NO_CORPUS = pytest.mark.skipif(
 )
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-ENGINE_DEAD_LABELS = ("engine_dead_after_gpu_oom", "engine_dead_not_oom", "engine_dead_cause_unknown")
+ENGINE_DEAD_LABELS = (
+    "engine_dead_after_gpu_oom",
+    "engine_dead_not_oom",
+    "engine_dead_cause_unknown",
+)
 HOST_OOM_CATEGORIES = ("linux_oom_killer", "k8s_container_oomkilled")
 
 
@@ -60,7 +64,9 @@ def test_corpus_single_line(sample: dict[str, Any]) -> None:
 
 
 @NO_CORPUS
-@pytest.mark.parametrize("folder,sample", MULTI_LINE, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "folder,sample", MULTI_LINE, ids=[f"{f}/{r['file']}" for f, r in MULTI_LINE]
+)
 def test_corpus_multi_line(folder: str, sample: dict[str, Any]) -> None:
     lines = (CORPUS / folder / sample["file"]).read_text(encoding="utf-8").splitlines()
     verdicts = [classify_line(line).verdict for line in lines]
@@ -95,65 +101,116 @@ NUMBERS = [
     (  # PyTorch <= 1.4, KiB units, old parenthesised stats
         "RuntimeError: CUDA out of memory. Tried to allocate 1024.00 KiB (GPU 0; 11.17 GiB total "
         "capacity; 10.90 GiB already allocated; 576.00 KiB free; 30.96 MiB cached)",
-        "pytorch", 1024 * KiB, round(11.17 * GiB), 576 * KiB, 0,
+        "pytorch",
+        1024 * KiB,
+        round(11.17 * GiB),
+        576 * KiB,
+        0,
     ),
     (  # PyTorch 2.1, "capacty" typo and "0 bytes is free"
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a "
         "total capacty of 6.00 GiB of which 0 bytes is free. Of the allocated memory 2.93 GiB is "
         "allocated by PyTorch, and 2.30 GiB is reserved by PyTorch but unallocated.",
-        "pytorch", round(1.70 * GiB), 6 * GiB, 0, 0,
+        "pytorch",
+        round(1.70 * GiB),
+        6 * GiB,
+        0,
+        0,
     ),
     (  # PyTorch 2.5+, "this process has ... memory in use"
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 232.00 MiB. GPU 0 has a total "
-        "capacity of 23.57 GiB of which 154.25 MiB is free. Including non-PyTorch memory, this "
-        "process has 23.40 GiB memory in use.",
-        "pytorch", 232 * MiB, round(23.57 * GiB), round(154.25 * MiB), 0,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 232.00 MiB. GPU 0 has a "
+        "total capacity of 23.57 GiB of which 154.25 MiB is free. Including non-PyTorch "
+        "memory, this process has 23.40 GiB memory in use.",
+        "pytorch",
+        232 * MiB,
+        round(23.57 * GiB),
+        round(154.25 * MiB),
+        0,
     ),
     (  # cudaMallocAsync backend, flattened
         "OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory) "
         "Currently allocated : 12.20 GiB Requested : 1.88 GiB Device limit : 16.00 GiB Free "
         "(according to CUDA): 0 bytes PyTorch limit (set by user-supplied memory fraction) : "
         "17179869184.00 GiB",
-        "pytorch", round(1.88 * GiB), 16 * GiB, 0, 0,
+        "pytorch",
+        round(1.88 * GiB),
+        16 * GiB,
+        0,
+        0,
     ),
     (  # vLLM V1 start-up free-memory check (free/total in one parenthesis)
         "ValueError: Free memory on device cuda:0 (36.75/121.63 GiB) on startup is less than",
-        "vllm", None, round(121.63 * GiB), round(36.75 * GiB), 0,
+        "vllm",
+        None,
+        round(121.63 * GiB),
+        round(36.75 * GiB),
+        0,
     ),
     (  # TensorFlow stream executor: exact bytes in parentheses win over "2.96G"
-        "E tensorflow/stream_executor/cuda/cuda_driver.cc:828] failed to allocate 2.96G (3179741184 "
-        "bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
-        "tensorflow", 3179741184, None, None, None,
+        "E tensorflow/stream_executor/cuda/cuda_driver.cc:828] failed to allocate 2.96G "
+        "(3179741184 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+        "tensorflow",
+        3179741184,
+        None,
+        None,
+        None,
     ),
     (
         "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Failed to allocate request for "
         "2.99GiB (3206250496B) on device ordinal 0",
-        "jax", 3206250496, None, None, 0,
+        "jax",
+        3206250496,
+        None,
+        None,
+        0,
     ),
     (
-        "node-b:3063028:3066152 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes",
-        "nccl", 6291456, None, None, None,
+        "node-b:3063028:3066152 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc "
+        "6291456 bytes",
+        "nccl",
+        6291456,
+        None,
+        None,
+        None,
     ),
     (
-        "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:368 void* onnxruntime::BFCArena::"
-        "AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn)"
-        " Failed to allocate memory for requested buffer of size 15728896",
-        "onnxruntime", 15728896, None, None, None,
+        "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:368 void* "
+        "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, "
+        "onnxruntime::WaitNotificationFn) Failed to allocate memory for requested buffer of "
+        "size 15728896",
+        "onnxruntime",
+        15728896,
+        None,
+        None,
+        None,
     ),
     (
-        "2018-06-08 17:26:00.908130: W tensorflow/core/framework/op_kernel.cc:1202] OP_REQUIRES failed "
-        "at tile_ops.cc:123 : Resource exhausted: OOM when allocating tensor with shape[16,1,892800,8,"
-        "4,2,2] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
-        "tensorflow", None, None, None, 0,
+        "2018-06-08 17:26:00.908130: W tensorflow/core/framework/op_kernel.cc:1202] "
+        "OP_REQUIRES failed at tile_ops.cc:123 : Resource exhausted: OOM when allocating tensor "
+        "with shape[16,1,892800,8,4,2,2] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "tensorflow",
+        None,
+        None,
+        None,
+        0,
     ),
     (
         "cuDNN failure 2: CUDNN_STATUS_ALLOC_FAILED ; GPU=0 ; hostname=WORKSTATION-01 ; "
         "expr=finder(calgo, algoPerf)",
-        "cudnn", None, None, None, 0,
+        "cudnn",
+        None,
+        None,
+        None,
+        0,
     ),
     (
         "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-        "cublas", None, None, None, None,
+        "cublas",
+        None,
+        None,
+        None,
+        None,
     ),
 ]
 
@@ -205,7 +262,11 @@ def test_parse_size(number: str, unit: str | None, expected: int) -> None:
             "traceback_source",
         ),
         ("Error when running model: CUDA out of memory", OomClass.GPU_OOM, "pytorch_oom"),
-        ("grpc StatusCode.RESOURCE_EXHAUSTED: Received message larger than max", OomClass.NOT_GPU_OOM, ""),
+        (
+            "grpc StatusCode.RESOURCE_EXHAUSTED: Received message larger than max",
+            OomClass.NOT_GPU_OOM,
+            "",
+        ),
         ("java.lang.OutOfMemoryError: Java heap space", OomClass.NOT_GPU_OOM, "host_ram"),
         ("vllm-1 exited with code 137", OomClass.HOST_OOM, "exit_137"),
         ("tgi-0   0/1   OOMKilled   3   2m", OomClass.HOST_OOM, "oom_killed"),

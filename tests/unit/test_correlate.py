@@ -51,8 +51,8 @@ def stages(decisions: list[Decision]) -> list[str]:
 
 
 def test_two_pods_dying_in_the_window_is_a_cascade_with_victims_in_order() -> None:
-    signals = traffic(0, 200, 200) + [oom(60, PODS[0]), oom(61, PODS[0]), oom(100, PODS[2])]
-    signals += [oom(130, PODS[1])] + traffic(60, 200, 503, per_s=10)
+    signals = [*traffic(0, 200, 200), oom(60, PODS[0]), oom(61, PODS[0]), oom(100, PODS[2])]
+    signals += [oom(130, PODS[1]), *traffic(60, 200, 503, per_s=10)]
     out = run(signals)
     assert sum(isinstance(d, IncidentOpened) for d in out) == 1
     assert stages(out)[:2] == ["suspected", "cascading"]
@@ -62,7 +62,7 @@ def test_two_pods_dying_in_the_window_is_a_cascade_with_victims_in_order() -> No
 
 
 def test_single_death_that_recovers_is_suspected_then_resolved_never_cascading() -> None:
-    signals = traffic(0, 600, 200) + [oom(30, PODS[0])]
+    signals = [*traffic(0, 600, 200), oom(30, PODS[0])]
     out = run(signals, contained_after_s=60, quiet_s=120)
     assert stages(out) == ["suspected", "contained", "resolved"]
 

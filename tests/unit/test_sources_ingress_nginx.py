@@ -59,7 +59,7 @@ def test_real_lines(row: dict[str, Any]) -> None:
         # 429 from limit-req-status-code stays 429 (the correlator keeps it apart from 5xx)
         (
             f'10.0.0.9 - - [17/Dec/2024:10:00:02 +0000] "POST /v1/completions HTTP/1.1" 429 '
-            f"162 {UA} 1024 0.000 [llm-vllm-llama-8000] [] - - - - 5f0d9d3c1b2a8f7e6d5c4b3a294e1c0b",
+            f"162 {UA} 1024 0.000 [llm-vllm-llama-8000] [] - - - - 5f0d9d3c1b2a8f7e6d5c4b3a294e",
             429,
             "llm-vllm-llama-8000",
             None,

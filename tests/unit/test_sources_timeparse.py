@@ -35,7 +35,8 @@ def test_parse_iso8601(text: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "yesterday", "2022-13-01T00:00:00Z", "2022-09-30T25:00:00Z", "0000-01-01", "\ud800"]
+    "text",
+    ["", "yesterday", "2022-13-01T00:00:00Z", "2022-09-30T25:00:00Z", "0000-01-01", "\ud800"],
 )
 def test_parse_iso8601_rejects(text: str) -> None:
     with pytest.raises(ParseError) as err:

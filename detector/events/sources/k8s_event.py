@@ -63,7 +63,7 @@ def signals_from_event(
             kind=kind,
             time=_event_time(event, default_time),
             source=source,
-            namespace=str_or_none(obj.get("namespace")) or _meta(event, "namespace"),
+            namespace=_namespace(event, obj),
             pod=str_or_none(obj.get("name")) if obj.get("kind") == "Pod" else None,
             container=_container(obj, message),
             node=_node(event, obj),
@@ -135,6 +135,10 @@ def _node(event: dict[str, Any], obj: dict[str, Any]) -> str | None:
     return str_or_none(host)
 
 
-def _meta(event: dict[str, Any], key: str) -> str | None:
+def _namespace(event: dict[str, Any], obj: dict[str, Any]) -> str | None:
+    """The involved object's namespace; the event's own only for namespaced objects."""
+    namespace = str_or_none(obj.get("namespace"))
+    if namespace is not None or obj.get("kind") in (None, "Node"):
+        return namespace  # node events live in "default", which says nothing
     meta = event.get("metadata")
-    return str_or_none(meta.get(key)) if isinstance(meta, dict) else None
+    return str_or_none(meta.get("namespace")) if isinstance(meta, dict) else None
