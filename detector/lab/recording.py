@@ -89,8 +89,8 @@ def _cascade(rec: Recorder, scale: int) -> None:
 
 
 def _llm_rate(t: float) -> float:
-    """Return requests per second to the vLLM upstream at ``t`` (scale 1): 4x in the burst."""
-    return 0.8 if BURST[0] <= t < BURST[1] else 0.2
+    """Return requests per second to the vLLM upstream at ``t`` (scale 1): 3x in the burst."""
+    return 3.0 if BURST[0] <= t < BURST[1] else 1.0
 
 
 def _kv_knots(i: int) -> list[tuple[float, float]]:

@@ -144,9 +144,11 @@ def _rate_limit(
 ) -> dict[str, Any]:
     rps_floor = floors.rate_limit_rps or 1
     conn_floor = floors.limit_connections or 1
-    connections = max(conn_floor, healthy * ceiling.proposed)
+    # with every replica down, size the limit for the first replica that comes back
+    serving = max(healthy, 1)
+    connections = max(conn_floor, serving * ceiling.proposed)
     conn_basis = (
-        f"limit-connections = max(floor {conn_floor}, healthy {healthy} x "
+        f"limit-connections = max(floor {conn_floor}, serving {serving} x "
         f"{ceiling.param} {ceiling.proposed}) = {connections}"
     )
     if traffic.requests == 0 or seen == 0:
@@ -157,11 +159,12 @@ def _rate_limit(
         )
         return {"rate_limit_rps": rps_floor, "limit_connections": connections, "basis": basis}
     ok_rate = traffic.ok / traffic.window_s
-    raw = ok_rate * healthy / seen
+    raw = ok_rate * serving / seen
     rps = max(rps_floor, math.floor(raw))
     basis = (
         f"ok rate {ok_rate:.3g}/s over {traffic.window_s:g} s before the last victim x "
-        f"healthy {healthy} / seen {seen} = {raw:.3g}/s; limit-rps = max(floor {rps_floor}, "
+        f"serving {serving} (healthy {healthy}, at least the first one back) / seen {seen} "
+        f"= {raw:.3g}/s; limit-rps = max(floor {rps_floor}, "
         f"{math.floor(raw)}) = {rps} (ingress-nginx applies it per client IP and controller "
         f"replica); {conn_basis}"
     )

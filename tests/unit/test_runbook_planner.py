@@ -187,13 +187,13 @@ CASES: list[tuple[str, IncidentContext, dict[str, Any], dict[str, dict[str, str]
         {"lower_batch_ceiling": {"set_via": "args", "settings": "--max-running-requests=32"}},
     ),
     (
-        "every pod is a victim: the floors hold",
+        "every pod is a victim: limits sized for the first replica back",
         incident(VLLM_CONFIG, *OOMS, *TRAFFIC, pods_seen=("llm-a", "llm-b")),
-        {"healthy_replicas": 0, "rate_limit_rps": 1, "limit_connections": 1},
+        {"healthy_replicas": 0, "rate_limit_rps": 2, "limit_connections": 13},
         {
             "enable_rate_limit": {
-                "limit_rps": "1",
-                "limit_connections": "1",
+                "limit_rps": "2",
+                "limit_connections": "13",
                 "healthy_replicas": "0 of 2",
             }
         },
@@ -238,7 +238,7 @@ def test_plan_shape_and_dry_run_status(runbook: Runbook) -> None:
     assert [p.approval for p in steps] == ["auto", "auto", "approver:sre-oncall"]
     assert all(p.basis and p.params and p.verify.checks for p in steps)
     assert "434,560" in steps[0].basis
-    assert "healthy 2 / seen 4" in steps[1].basis
+    assert "serving 2 (healthy 2, at least the first one back) / seen 4" in steps[1].basis
     assert "95.2 s" in steps[2].basis
 
 
