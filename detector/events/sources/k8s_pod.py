@@ -171,7 +171,7 @@ def _ready_time(
 def _is_oom_kill(term: dict[str, Any]) -> bool:
     """Tell an OOM kill: reason OOMKilled, or exit 137 with no reason (137 + Error is not)."""
     reason = term.get("reason")
-    if reason in _OOM_REASONS:
+    if isinstance(reason, str) and reason in _OOM_REASONS:
         return True
     return not reason and _exit_code(term) == 137
 
