@@ -112,29 +112,10 @@ def signal_from_sample(
     device UUID, suffixed "/mig<GPU_I_ID>" for a MIG instance), metric. ENGINE_PRESSURE attrs:
     one of kv_cache_usage / requests_waiting / requests_running / preemptions, metric, model.
     """
-    if not math.isfinite(value):  # NaN is Prometheus' staleness marker
+    mapped = _sample_attrs(name, labels, value)
+    if mapped is None:
         return None
-    attrs: dict[str, Any]
-    field = GPU_MEMORY_METRICS.get(name)
-    if field is not None:
-        kind = SignalKind.GPU_MEMORY
-        uuid = labels.get("UUID") or labels.get("uuid")
-        mig = labels.get("GPU_I_ID")
-        if uuid and mig:
-            uuid = f"{uuid}/mig{mig}"
-        size = value * _MIB
-        if not math.isfinite(size):
-            return None
-        attrs = {field: int(size), "gpu": labels.get("gpu"), "uuid": uuid, "metric": name}
-    else:
-        engine = ENGINE_METRICS.get(name)
-        if engine is None:
-            return None
-        kind = SignalKind.ENGINE_PRESSURE
-        attr, is_count = engine
-        attrs = {attr: int(value) if is_count else value, "metric": name}
-        if "model_name" in labels:
-            attrs["model"] = labels["model_name"]
+    kind, attrs = mapped
     return Signal(
         kind=kind,
         time=time,
@@ -146,6 +127,34 @@ def signal_from_sample(
         attrs=attrs,
         text=text,
     )
+
+
+def _sample_attrs(
+    name: str, labels: dict[str, str], value: float
+) -> tuple[SignalKind, dict[str, Any]] | None:
+    """Return the kind and attrs of a mapped sample; None for other metrics and NaN/Inf."""
+    if not math.isfinite(value):  # NaN is Prometheus' staleness marker
+        return None
+    field = GPU_MEMORY_METRICS.get(name)
+    if field is not None:
+        size = value * _MIB
+        if not math.isfinite(size):
+            return None
+        uuid = labels.get("UUID") or labels.get("uuid")
+        mig = labels.get("GPU_I_ID")
+        if uuid and mig:
+            uuid = f"{uuid}/mig{mig}"
+        memory: dict[str, Any] = {field: int(size), "gpu": labels.get("gpu"), "uuid": uuid}
+        memory["metric"] = name
+        return SignalKind.GPU_MEMORY, memory
+    engine = ENGINE_METRICS.get(name)
+    if engine is None:
+        return None
+    attr, is_count = engine
+    attrs: dict[str, Any] = {attr: int(value) if is_count else value, "metric": name}
+    if "model_name" in labels:
+        attrs["model"] = labels["model_name"]
+    return SignalKind.ENGINE_PRESSURE, attrs
 
 
 def parse_labels(block: str) -> dict[str, str]:

@@ -51,10 +51,7 @@ def signals_from_event(
     kind = _classify(reason, message)
     if kind is None:
         return []
-    involved = event.get("involvedObject")
-    if not isinstance(involved, dict):
-        involved = event.get("regarding")
-    obj = involved if isinstance(involved, dict) else {}
+    obj = _involved(event)
     attrs: dict[str, Any] = {"reason": reason or "OOMKilled"}
     if kind is SignalKind.CRASH_LOOP:
         attrs["count"] = _count(event)
@@ -74,6 +71,15 @@ def signals_from_event(
             text=message[:2048],
         )
     ]
+
+
+def _involved(event: dict[str, Any]) -> dict[str, Any]:
+    """The object the event is about: ``involvedObject`` (core/v1) or ``regarding``."""
+    for key in ("involvedObject", "regarding"):
+        obj = event.get(key)
+        if isinstance(obj, dict):
+            return obj
+    return {}
 
 
 def _classify(reason: str, message: str) -> SignalKind | None:

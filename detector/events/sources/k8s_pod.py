@@ -89,6 +89,7 @@ class _Base:
     def signal(
         self, kind: SignalKind, time: float, container: str | None, attrs: dict[str, Any], text: str
     ) -> Signal:
+        """Build one signal of this pod."""
         return Signal(
             kind=kind,
             time=time,

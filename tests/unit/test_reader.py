@@ -1,0 +1,112 @@
+"""Recorded files and folders -> (SourcePos, bytes) records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from detector.errors import ParseError
+from detector.events.detect import parse_record
+from detector.events.model import SourcePos
+from detector.events.reader import count_records_hint, iter_files, read_records, total_bytes
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_lines_positions_blank_lines_and_line_endings(tmp_path: Path) -> None:
+    path = _write(tmp_path / "logs.jsonl", b'{"a": 1}\n\n  \r\nsecond\r\nthird')
+    records = list(read_records([path]))
+    assert records == [
+        (SourcePos(str(path), 1), b'{"a": 1}'),
+        (SourcePos(str(path), 4), b"second"),
+        (SourcePos(str(path), 5), b"third"),
+    ]
+
+
+def test_binary_safe(tmp_path: Path) -> None:
+    raw = b"\x00\xff\xfe garbage \x1b[31m\n\x80\x81\n"
+    path = _write(tmp_path / "bin.log", raw)
+    assert [r for _, r in read_records([path])] == [b"\x00\xff\xfe garbage \x1b[31m", b"\x80\x81"]
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"apiVersion": "v1", "kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "a"}}]},
+        [{"kind": "Pod"}, {"kind": "Pod"}],
+    ],
+)
+def test_pretty_printed_document_is_one_record(tmp_path: Path, document: object) -> None:
+    text = "\n\n" + json.dumps(document, indent=4) + "\n"
+    path = _write(tmp_path / "pods.json", text.encode())
+    ((source, raw),) = list(read_records([path]))
+    assert source == SourcePos(str(path), 1)
+    assert json.loads(raw) == document
+
+
+def test_json_lines_stay_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path / "events.json", b'{"a": 1}\n{"b": 2}\n')
+    assert len(list(read_records([path]))) == 2
+
+
+def test_truncated_single_json_line_is_one_record(tmp_path: Path) -> None:
+    path = _write(tmp_path / "cut.txt", b'{"@timestamp":"2022-09-30T09:27:40Z","log":"at org')
+    ((source, raw),) = list(read_records([path]))
+    assert source.position == 1
+    with pytest.raises(ParseError) as err:
+        parse_record(raw, source)
+    assert err.value.reason == "malformed_json"
+
+
+def test_folders_are_walked_sorted_and_filtered(tmp_path: Path) -> None:
+    for name in (
+        "b/2.log",
+        "b/1.log",
+        "a.prom",
+        "c/d/e.jsonl",
+        ".hidden.log",
+        ".git/config",
+        "README",
+        "README.txt",
+        "notes.md",
+        "x.README.txt",
+    ):
+        _write(tmp_path / name, b"line\n")
+    files = [p.relative_to(tmp_path).as_posix() for p in iter_files([tmp_path])]
+    assert files == ["a.prom", "b/1.log", "b/2.log", "c/d/e.jsonl"]
+    origins = [s.origin for s, _ in read_records([tmp_path])]
+    assert origins == [str(tmp_path / f) for f in files]
+
+
+def test_files_given_explicitly_are_read_even_if_a_folder_walk_would_skip_them(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path / "README.md", b"x\n")
+    assert [r for _, r in read_records([path])] == [b"x"]
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
+        list(read_records([missing]))
+    with pytest.raises(FileNotFoundError):
+        count_records_hint([missing])
+
+
+def test_size_hint(tmp_path: Path) -> None:
+    _write(tmp_path / "a.log", b"12345\n")
+    _write(tmp_path / "sub" / "b.log", b"123\n")
+    _write(tmp_path / "README.md", b"ignored")
+    assert count_records_hint([tmp_path]) == 10
+    assert total_bytes([str(tmp_path)]) == 10
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = _write(tmp_path / "empty.log", b"")
+    assert list(read_records([path])) == []
