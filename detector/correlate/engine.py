@@ -7,6 +7,7 @@ consumer of the group owns a partition, and every record is keyed by workload).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
@@ -149,11 +150,7 @@ class Correlator:
             ws.at_ceiling.pop(pod, None)
             return []
         was_at = pod in ws.at_ceiling
-        marked = Signal(
-            sig.kind, sig.time, sig.source, sig.namespace, pod, sig.container, sig.node,
-            sig.cluster, sig.labels, sig.owner,
-            {**sig.attrs, "ratio": ratio, "pressure": what}, sig.text,
-        )  # fmt: skip
+        marked = replace(sig, attrs={**sig.attrs, "ratio": ratio, "pressure": what})
         ws.at_ceiling[pod] = marked
         if was_at or ws.incident is None:
             return []
@@ -217,10 +214,7 @@ def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
         "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
         "window_s": lb.width_s,
     }
-    return Signal(
-        sig.kind, sig.time, sig.source, sig.namespace, sig.pod, sig.container, sig.node,
-        sig.cluster, sig.labels, sig.owner, attrs, sig.text,
-    )  # fmt: skip
+    return replace(sig, attrs=attrs)
 
 
 def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:

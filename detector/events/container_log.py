@@ -12,9 +12,8 @@ from typing import Any
 from detector.events.classify import Classification, OomClass, classify_line
 from detector.events.classify_patterns import GATE_TOKENS
 from detector.events.engine_lines import ENGINE_GATE_TOKENS, parse_engine_line
-from detector.events.model import LogLine, Signal, SignalKind, SourcePos
+from detector.events.model import MAX_TEXT_CHARS, LogLine, Signal, SignalKind, SourcePos
 
-MAX_TEXT_CHARS = 2048  # Signal.text is truncated to 2 KiB
 MAX_SCAN_CHARS = 16384  # only this prefix of a line is classified and parsed
 
 _PREFILTER_TOKENS = tuple(dict.fromkeys(GATE_TOKENS + ENGINE_GATE_TOKENS))
@@ -44,10 +43,10 @@ def signals_from_log_line(line: LogLine, source: SourcePos) -> list[Signal]:
     verdict = classify_line(head)
     kind = _VERDICT_KIND.get(verdict.verdict)
     if kind is not None:
-        out.append(_signal(line, source, kind, _oom_attrs(verdict, kind)))
+        out.append(line.to_signal(kind, source, _oom_attrs(verdict, kind)))
     engine = parse_engine_line(head)
     if engine is not None:
-        out.append(_signal(line, source, engine[0], engine[1]))
+        out.append(line.to_signal(engine[0], source, engine[1]))
     return out
 
 
@@ -73,23 +72,6 @@ def _oom_attrs(verdict: Classification, kind: SignalKind) -> dict[str, Any]:
         if value is not None:
             attrs[key] = value
     return attrs
-
-
-def _signal(line: LogLine, source: SourcePos, kind: SignalKind, attrs: dict[str, Any]) -> Signal:
-    return Signal(
-        kind=kind,
-        time=line.time,
-        source=source,
-        namespace=line.namespace,
-        pod=line.pod,
-        container=line.container,
-        node=line.node,
-        cluster=line.cluster,
-        labels=line.labels,
-        owner=line.owner,
-        attrs=attrs,
-        text=text_excerpt(line.text),
-    )
 
 
 def text_excerpt(text: str) -> str:

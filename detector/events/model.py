@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+MAX_TEXT_CHARS = 2048  # Signal.text keeps at most this much of the raw text
+
 
 class SignalKind(StrEnum):
     """What a signal says about a pod or workload."""
@@ -88,3 +90,20 @@ class LogLine:
     labels: dict[str, str] = field(default_factory=dict)
     owner: tuple[str, str] | None = None
     stream: str | None = None  # stdout / stderr
+
+    def to_signal(self, kind: SignalKind, source: SourcePos, attrs: dict[str, Any]) -> Signal:
+        """Return a signal of ``kind`` carrying this line's time, identity and text (2 KiB)."""
+        return Signal(
+            kind=kind,
+            time=self.time,
+            source=source,
+            namespace=self.namespace,
+            pod=self.pod,
+            container=self.container,
+            node=self.node,
+            cluster=self.cluster,
+            labels=self.labels,
+            owner=self.owner,
+            attrs=attrs,
+            text=self.text[:MAX_TEXT_CHARS],
+        )

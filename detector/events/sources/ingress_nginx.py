@@ -71,20 +71,7 @@ def signal_from_access_line(line: LogLine, source: SourcePos) -> Signal | None:
     parsed = access_line_attrs(line.text)
     if parsed is None:
         return None
-    return Signal(
-        kind=SignalKind.LB_RESPONSE,
-        time=line.time,
-        source=source,
-        namespace=line.namespace,
-        pod=line.pod,
-        container=line.container,
-        node=line.node,
-        cluster=line.cluster,
-        labels=line.labels,
-        owner=line.owner,
-        attrs=parsed[0],
-        text=line.text[:MAX_TEXT_CHARS],
-    )
+    return line.to_signal(SignalKind.LB_RESPONSE, source, parsed[0])
 
 
 def signal_from_raw_access_line(text: str, source: SourcePos) -> Signal | None:
