@@ -31,6 +31,7 @@ from detector.runbooks.loader import load_runbook
 log = logging.getLogger(__name__)
 
 COMMIT_EVERY = 5000  # records per database transaction
+MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
 
 
 @dataclass
@@ -66,11 +67,19 @@ class Parsed:
 
 
 def parse_stream(records: Iterable[tuple[SourcePos, bytes]]) -> Iterator[Parsed]:
-    """Parse one stream's records; a rejected record takes the stream's last event time."""
+    """Parse one stream's records in order.
+
+    Each record's merge key is the stream's latest event time so far, so a late record keeps
+    its place and the merge stays ordered. A record more than ``MAX_JUMP_S`` ahead of its
+    stream is rejected (``timestamp_jump``): one wild clock must not stall the stream.
+    """
     last_time = 0.0
     for source, raw in records:
         try:
             signals = parse_record(raw, source, default_time=last_time or None)
+            if signals and last_time and signals[0].time - last_time > MAX_JUMP_S:
+                ahead = signals[0].time - last_time
+                raise ParseError("timestamp_jump", f"{ahead:.0f} s ahead of its stream")
         except ParseError as exc:
             yield Parsed(last_time, source, raw, [], exc)
             continue

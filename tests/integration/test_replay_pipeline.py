@@ -72,3 +72,19 @@ def test_replay_is_idempotent_on_postgresql(postgres_url: str) -> None:
     assert [i.id for i in first.incidents] == [i.id for i in second.incidents]
     assert len(second.incidents[0].timeline) == len(first.incidents[0].timeline)
     assert len(second.incidents[0].evidence) == len(first.incidents[0].evidence)
+
+
+def test_a_record_from_the_far_future_does_not_stall_its_stream(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    out = tmp_path / "cascade"
+    shutil.copytree(CASCADE, out)
+    logs = out / "container-logs.jsonl"
+    lines = logs.read_bytes().splitlines()
+    at = next(i for i, line in enumerate(lines) if b"non-default args" in line)
+    wild = lines[at].replace(b'"@timestamp":17', b'"@timestamp":27', 1)  # 317 years ahead
+    assert wild != lines[at]
+    logs.write_bytes(b"\n".join([*lines[: at + 1], wild, *lines[at + 1 :]]) + b"\n")
+    result = replay([out], _settings(sqlite_url))
+    assert result.events.rejected_by_reason == {"timestamp_jump": 1}
+    assert len(result.incidents) == 1 and len(result.incidents[0].victims) == 4
