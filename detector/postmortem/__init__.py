@@ -1,1 +1,0 @@
-"""postmortem package."""

@@ -1,1 +1,0 @@
-"""runbooks/actuators package."""
