@@ -5,7 +5,6 @@ The one place that crosses domains: correlate -> incidents -> runbooks.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +27,6 @@ from detector.incidents.models import Evidence, Incident, Verdict
 from detector.incidents.questions import answer_questions
 from detector.runbooks.definition import Runbook
 from detector.runbooks.planner import plan
-
-log = logging.getLogger(__name__)
 
 ContextLookup = Callable[[str], IncidentContext | None]
 
