@@ -67,25 +67,41 @@ class Parsed:
 
 
 def parse_stream(records: Iterable[tuple[SourcePos, bytes]]) -> Iterator[Parsed]:
-    """Parse one stream's records in order.
+    """Parse one stream's records in order, keyed for the merge by the stream's clock.
 
-    Each record's merge key is the stream's latest event time so far, so a late record keeps
-    its place and the merge stays ordered. A record more than ``MAX_JUMP_S`` ahead of its
-    stream is rejected (``timestamp_jump``): one wild clock must not stall the stream.
+    The clock is the stream's latest event time, so a late record keeps its place and the
+    merge stays ordered. A record more than ``MAX_JUMP_S`` ahead of the clock (or the
+    stream's first record) is held until the next record with signals: if that one falls
+    back behind it, the held record had a broken clock and is rejected (``timestamp_jump``)
+    instead of stalling the whole stream; otherwise the stream really moved on.
     """
-    last_time = 0.0
+    clock = 0.0
+    held: Parsed | None = None
     for source, raw in records:
         try:
-            signals = parse_record(raw, source, default_time=last_time or None)
-            if signals and last_time and signals[0].time - last_time > MAX_JUMP_S:
-                ahead = signals[0].time - last_time
-                raise ParseError("timestamp_jump", f"{ahead:.0f} s ahead of its stream")
+            signals = parse_record(raw, source, default_time=clock or None)
         except ParseError as exc:
-            yield Parsed(last_time, source, raw, [], exc)
+            yield Parsed(clock, source, raw, [], exc)
             continue
-        if signals:
-            last_time = max(last_time, signals[0].time)
-        yield Parsed(last_time, source, raw, signals)
+        if not signals:
+            yield Parsed(clock, source, raw, signals)
+            continue
+        time = signals[0].time
+        if held is not None:
+            if time < held.time - MAX_JUMP_S:
+                ahead = f"{held.time - time:.0f} s ahead of the records around it"
+                yield Parsed(clock, held.source, held.raw, [], ParseError("timestamp_jump", ahead))
+            else:
+                clock = max(clock, held.time)
+                yield held
+            held = None
+        if not clock or time - clock > MAX_JUMP_S:
+            held = Parsed(time, source, raw, signals)
+            continue
+        clock = max(clock, time)
+        yield Parsed(clock, source, raw, signals)
+    if held is not None:
+        yield held
 
 
 def merged(paths: Iterable[str | Path]) -> Iterator[Parsed]:

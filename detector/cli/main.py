@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
 from detector.cli.report import render_report, to_document
 from detector.config import Settings
-from detector.errors import DetectorError
+from detector.errors import ConfigError, DetectorError
 from detector.events.reader import total_bytes
 from detector.pipeline import ReplayResult, replay
 
@@ -23,7 +24,11 @@ PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than thi
 
 
 def _settings(database_url: str | None, workloads: Path | None) -> Settings:
-    settings = Settings()
+    """Build the settings from the environment and the command line; ConfigError if invalid."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise ConfigError(f"invalid DETECTOR_* setting: {exc}") from exc
     if database_url:
         settings.database.url = database_url
     if workloads:
@@ -45,9 +50,9 @@ def replay_cmd(
 ) -> None:
     """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
-    settings = _settings(database_url, workloads)
     err = Console(stderr=True)
     try:
+        settings = _settings(database_url, workloads)
         result = _run_replay(paths, settings, show_progress=not as_json, console=err)
     except (DetectorError, FileNotFoundError) as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -75,8 +80,8 @@ def migrate_cmd(
     database_url: Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL")] = None,
 ) -> None:
     """Bring the incident store's schema to the latest migration (alembic upgrade head)."""
-    settings = _settings(database_url, None)
     try:
+        settings = _settings(database_url, None)
         db.upgrade(settings.database.url)
     except DetectorError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -65,6 +65,8 @@ def classify_line(text: str) -> Classification:
         return NOT_GPU_OOM
     if "raise " in text and pat.SOURCE_LINE.search(text):
         return Classification(OomClass.NOT_GPU_OOM, reason="traceback_source")
+    if _echoes_request(lower, text):
+        return Classification(OomClass.NOT_GPU_OOM, reason="request_payload")
     for table in _TABLES:
         for needles, pattern, verdict, framework, reason in table:
             for needle in needles:  # a plain loop: any() with a generator costs more here
@@ -73,6 +75,13 @@ def classify_line(text: str) -> Classification:
                         return _build(text, lower, OomClass(verdict), framework, reason)
                     break
     return NOT_GPU_OOM
+
+
+def _echoes_request(lower: str, text: str) -> bool:
+    for token in pat.REQUEST_PAYLOAD_TOKENS:
+        if token in lower:
+            return pat.REQUEST_PAYLOAD.search(text) is not None
+    return False
 
 
 def parse_size(number: str, unit: str | None) -> int:

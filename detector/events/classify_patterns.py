@@ -108,6 +108,16 @@ STRONG: Final = _rules(
 )
 
 # Look-alikes that mention the OOM words but are hints, info or explicit non-failures.
+# A request logger echoing user input (vLLM's "Received request ...: prompt: '...'", JSON
+# bodies with "prompt"/"messages"/"content"): whatever the prompt says is data, not an error.
+# Source: https://github.com/vllm-project/vllm/blob/main/vllm/entrypoints/logger.py
+REQUEST_PAYLOAD_TOKENS: Final = ("prompt", "received request", '"content"', '"messages"')
+REQUEST_PAYLOAD: Final = re.compile(
+    r"Received request\b|\bprompt(?:_token_ids)?\s*[:=]\s*['\"\[(]"
+    r"|\"(?:prompt|messages|content|input)\"\s*:",
+    _I,
+)
+
 EXCLUDE: Final = _rules(
     (("not a failure",), r"this is not a failure", NOT, None, "warning_not_a_failure"),
     (

@@ -40,6 +40,7 @@ def parse_record(
     ``default_time`` (Unix seconds; e.g. the Kafka record or scrape time) times records that
     carry no time of their own. A valid record that says nothing returns ``[]``. Raises
     ``ParseError`` and nothing else; reasons: too_large (over ``max_bytes``), not_utf8,
+    invalid_unicode,
     malformed_json, unknown_format, missing_field, missing_timestamp, bad_timestamp, bad_value,
     malformed_metric.
     """
@@ -60,13 +61,29 @@ def parse_record(
             obj = json.loads(stripped)
         except (ValueError, RecursionError) as exc:
             raise ParseError("malformed_json", str(exc)[:200]) from None
-        return _from_json(obj, source, default_time, 0)
+        signals = _from_json(obj, source, default_time, 0)
+        if "\\u" in stripped:  # only a \uXXXX escape can smuggle in a lone surrogate
+            _check_unicode(signals)
+        return signals
     if stripped[0] == "\ufeff":
         return parse_record(stripped[1:], source, default_time=default_time, max_bytes=max_bytes)
     sig = ingress_nginx.signal_from_raw_access_line(stripped, source)
     if sig is not None:
         return [sig]
     return signals_from_exposition_line(stripped, source, default_time=default_time)
+
+
+def _check_unicode(signals: list[Signal]) -> None:
+    """Reject identity and attribute strings that cannot be stored (lone surrogates)."""
+    for sig in signals:
+        fields = [sig.namespace, sig.pod, sig.container, sig.node, sig.cluster]
+        fields += [*sig.labels, *sig.labels.values(), *map(str, sig.attrs.values())]
+        for value in fields:
+            try:
+                if value is not None:
+                    value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ParseError("invalid_unicode", "lone surrogate in an identity field") from None
 
 
 def signals_from_log(line: LogLine, source: SourcePos) -> list[Signal]:

@@ -112,11 +112,10 @@ class IncidentFlows:
     def _victim(
         self, incident: Incident, d: VictimAdded, session: Session, contexts: ContextLookup
     ) -> None:
-        if not service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time):
-            return
+        service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time)
         message = f"victim #{d.position}: pod {d.pod} died of GPU OOM"
         self._note(session, incident, d.time, "signal", message, f"victim:{d.pod}")
-        ctx = contexts(d.key)
+        ctx = contexts(d.key)  # re-run or not, the plan follows the same decisions
         if d.key in self._planned and ctx is not None:  # the restart list grows with victims
             self._plan(incident, ctx, d.time, session)
             message = f"runbook re-planned for {d.position} victims"

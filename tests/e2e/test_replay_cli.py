@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,20 @@ def test_replay_on_postgresql(postgres_url: str) -> None:
     doc = replay_json(postgres_url, EXAMPLES)
     assert len(doc["incidents"]) == 1
     assert len(doc["verdicts"]) >= 2
+
+
+def test_a_second_replay_keeps_the_final_plan(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    first = replay_json(url, EXAMPLES / "cascade")
+    second = replay_json(url, EXAMPLES / "cascade")
+    assert second["incidents"][0]["steps"] == first["incidents"][0]["steps"]
+    restarts = second["incidents"][0]["steps"][2]["params"]["pods"]
+    assert len(json.loads(restarts)) == len(second["incidents"][0]["pods"])
+
+
+def test_an_invalid_setting_is_a_clear_error(tmp_path: Path) -> None:
+    cmd = [str(DETECTOR), "replay", "--db", f"sqlite:///{tmp_path / 'x.db'}", str(EXAMPLES)]
+    env = {**os.environ, "DETECTOR_CORRELATE__MEMORY_CEILING": "95"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert proc.returncode == 2
+    assert "memory_ceiling" in proc.stderr and "Traceback" not in proc.stderr

@@ -293,3 +293,18 @@ def test_prefixes_do_not_change_the_verdict(prefix: str) -> None:
     line = "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 3; 79.14 GiB total"
     result = classify_line(prefix + line)
     assert (result.verdict, result.bytes_tried, result.gpu_index) == (OomClass.GPU_OOM, 20 * MiB, 3)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # vLLM's request logger echoes the prompt (format of vllm/entrypoints/logger.py)
+        "INFO 03-14 09:01:02 [logger.py:43] Received request chatcmpl-9f2: prompt: '<|user|>"
+        "Why do I get torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB?', "
+        "params: SamplingParams(n=1, temperature=0.7), prompt_token_ids: None",
+        'DEBUG request body: {"model": "llama", "messages": [{"role": "user", '
+        '"content": "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB"}]}',
+    ],
+)
+def test_a_prompt_that_quotes_an_oom_is_not_an_oom(line: str) -> None:
+    assert classify_line(line).verdict is OomClass.NOT_GPU_OOM

@@ -283,3 +283,13 @@ def test_access_like_text(raw: str) -> None:
     _ok(raw)
     line = LogLine(time=1.0, text=raw)
     assert isinstance(signals_from_log(line, SRC), list)
+
+
+def test_a_lone_surrogate_in_an_identity_field_is_rejected() -> None:
+    record = (
+        '{"@timestamp": 1741942800.0, "log": "torch.OutOfMemoryError: CUDA out of memory.\\n",'
+        ' "kubernetes": {"pod_name": "vllm-7d9f8b6c5d-x2k4\\ud800", "namespace_name": "llm"}}'
+    )
+    with pytest.raises(ParseError) as info:
+        parse_record(record, SourcePos("t", 1))
+    assert info.value.reason == "invalid_unicode"

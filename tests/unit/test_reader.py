@@ -110,3 +110,11 @@ def test_size_hint(tmp_path: Path) -> None:
 def test_empty_file(tmp_path: Path) -> None:
     path = _write(tmp_path / "empty.log", b"")
     assert list(read_records([path])) == []
+
+
+def test_a_truncated_first_record_does_not_swallow_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(b'{"log": "cut off\n{"log": "a"}\n{"log": "b"}\n')
+    records = list(read_records([path]))
+    assert [pos.position for pos, _ in records] == [1, 2, 3]
+    assert records[0][0].origin == str(path.resolve())
