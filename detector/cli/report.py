@@ -107,8 +107,8 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
     console.print("[bold]containment runbook[/bold]")
     for s in inc["steps"]:
         console.print(
-            f"  {s['position']}. [bold]{s['action']}[/bold] [{s['status']}, "
-            f"approval {escape(s['approval'])}] {escape(s['title'])}"
+            f"  {s['position']}. [bold]{s['action']}[/bold] "
+            + escape(f"[{s['status']}, approval {s['approval']}] {s['title']}")
         )
         for key, value in s["params"].items():
             if key not in ("namespace", "workload", "workload_kind"):

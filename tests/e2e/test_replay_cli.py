@@ -124,3 +124,16 @@ def test_an_invalid_setting_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert proc.returncode == 2
     assert "memory_ceiling" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_readable_report_names_every_part(tmp_path: Path) -> None:
+    cmd = [str(DETECTOR), "replay", "--db", f"sqlite:///{tmp_path / 'r.db'}", str(EXAMPLES)]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "1 incident(s)" in out and "2 verdict(s)" in out
+    assert "victims in order: vllm-llama-" in out
+    for action in ("lower_batch_ceiling", "enable_rate_limit", "stagger_restarts"):
+        assert f"{action} [dry_run, approval" in out
+    assert out.count("? ") >= 3 and "host-RAM OOM" in out
