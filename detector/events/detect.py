@@ -16,7 +16,7 @@ from typing import Any
 from detector.errors import ParseError
 from detector.events.container_log import signals_from_log_line
 from detector.events.model import LogLine, Signal, SourcePos
-from detector.events.sources import ingress_nginx
+from detector.events.sources import ingress_nginx, lb_access
 from detector.events.sources.dcgm import signals_from_exposition_line
 from detector.events.sources.fluentbit import parse_fluentbit_record
 from detector.events.sources.k8s_event import signals_from_event
@@ -68,6 +68,8 @@ def parse_record(
     if stripped[0] == "\ufeff":
         return parse_record(stripped[1:], source, default_time=default_time, max_bytes=max_bytes)
     sig = ingress_nginx.signal_from_raw_access_line(stripped, source)
+    if sig is None:
+        sig = lb_access.signal_from_raw_lb_line(stripped, source, default_time)
     if sig is not None:
         return [sig]
     return signals_from_exposition_line(stripped, source, default_time=default_time)
@@ -94,6 +96,8 @@ def signals_from_log(line: LogLine, source: SourcePos) -> list[Signal]:
     ``detector.events.container_log`` (GPU OOM, engine dead, engine config/pressure).
     """
     sig = ingress_nginx.signal_from_access_line(line, source)
+    if sig is None:
+        sig = lb_access.signal_from_lb_line(line, source)
     if sig is not None:
         return [sig]
     text = line.text
@@ -136,6 +140,9 @@ def _from_object(
         return signals_from_adapter_sample(obj, source)
     if "involvedObject" in obj or "regarding" in obj:
         return signals_from_event(obj, source, default_time=default_time)
+    lb = lb_access.signals_from_lb_json(obj, source)
+    if lb is not None:
+        return lb
     kind = obj.get("kind")
     if kind == "Pod" or (kind is None and "status" in obj and "spec" in obj and "metadata" in obj):
         return signals_from_pod(obj, source)

@@ -47,13 +47,18 @@ class Signal:
     carried; the correlator maps them to a workload. ``attrs`` holds the kind-specific
     fields, all optional:
 
-    - gpu_oom: framework, bytes_tried, capacity_bytes, free_bytes, gpu_index (ints, bytes)
+    - gpu_oom: framework, bytes_tried, capacity_bytes, free_bytes, gpu_index (ints, bytes);
+      ambiguous=True when the line alone cannot decide (the correlator then needs context)
     - engine_dead: framework
     - crash_loop: reason, restart_count, exit_code, last_reason, count
     - host_oom: reason, exit_code
     - pod_ready: ready (bool)
-    - lb_response: status, upstream_status, upstream, upstream_addr, count
-    - gpu_memory: used_bytes, total_bytes (or free_bytes), gpu, uuid
+    - lb_response: status, upstream_status, upstream, upstream_addr, count; a Prometheus
+      counter sample instead carries counter_total (cumulative) and series (its identity),
+      and the correlator turns successive samples into counts; sidecar=True when the line
+      was logged by the serving pod's own proxy (the pod, not the upstream, names the workload)
+    - gpu_memory: used_bytes, total_bytes (or free_bytes), gpu, uuid (the device; with MIG
+      or MPS several pods report one device: never sum them)
     - engine_pressure: kv_cache_usage (0..1), requests_waiting, requests_running, preemptions
     - engine_config: engine, and any of max_num_seqs, max_num_batched_tokens, max_model_len,
       gpu_memory_utilization, enable_prefix_caching, kv_cache_bytes, max_concurrency ...
