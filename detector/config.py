@@ -29,6 +29,9 @@ class CorrelateSettings(BaseModel):
     window_s: float = Field(300.0, gt=0, description="victims inside this window form a cascade")
     memory_ceiling: float = Field(0.95, gt=0, le=1, description="GPU memory used/total ceiling")
     kv_cache_ceiling: float = Field(0.95, gt=0, le=1, description="KV-cache usage ceiling")
+    queue_depth_ceiling: float = Field(
+        100.0, ge=0, description="requests waiting in one engine that count as pressure (0: off)"
+    )
     error_rate_per_s: float = Field(1.0, ge=0, description="5xx (502/503/504) rate threshold")
     error_ratio: float = Field(0.1, ge=0, le=1, description="5xx share of requests threshold")
     rate_window_s: float = Field(30.0, gt=0, description="window the 5xx rate is measured over")

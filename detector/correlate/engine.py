@@ -17,6 +17,8 @@ from detector.correlate.windows import ERROR_STATUSES, RateWindow
 from detector.events.model import Signal, SignalKind
 from detector.incidents.context import IncidentContext
 
+PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
+
 
 class Correlator:
     """Recognize GPU OOM cascades in a stream of signals (DESIGN.md section 4).
@@ -49,7 +51,9 @@ class Correlator:
         ws = self.workloads.get(ref)
         if ws is None:
             ws = self.workloads[ref] = WorkloadState(ref, RateWindow(self.cfg.rate_window_s))
-        if signal.pod and signal.kind is not SignalKind.LB_RESPONSE:
+        if signal.pod and (
+            signal.kind is not SignalKind.LB_RESPONSE or signal.attrs.get("sidecar")
+        ):
             ws.pods.setdefault(signal.pod)
         out = _HANDLERS[signal.kind](self, ws, signal)
         if signal.time > self.now:
@@ -87,7 +91,16 @@ class Correlator:
     # --- handlers per signal kind -------------------------------------------------------
 
     def _gpu_oom(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        return pattern.on_gpu_oom(ws, sig, self.cfg)
+        self._note_engine(ws, sig)
+        if not sig.attrs.get("ambiguous"):
+            return pattern.on_gpu_oom(ws, sig, self.cfg)
+        # The line alone cannot decide: the workload's context must (DESIGN.md section 4).
+        pod = sig.pod or "?"
+        recent = [c for c in ws.crash_loops if c.pod == pod and sig.time - c.time <= 60.0]
+        if ws.incident is not None or ws.pressure_of(pod) is not None or recent:
+            return pattern.on_gpu_oom(ws, sig, self.cfg)
+        ws.ambiguous[pod] = sig
+        return []
 
     def _engine_dead(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         inc = ws.incident
@@ -97,9 +110,14 @@ class Correlator:
 
     def _crash_loop(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         ws.crash_loops.append(sig)
+        out: list[Decision] = []
+        pending = ws.ambiguous.pop(sig.pod or "", None)
+        if pending is not None and sig.time - pending.time <= self.cfg.window_s:
+            out += pattern.on_gpu_oom(ws, pending, self.cfg)  # the pod did die: confirmed
         if ws.incident is None:
-            return []
-        return pattern.attach(ws.incident, "crash_loop", sig, pattern.crash_summary(sig), self.cfg)
+            return out
+        summary = pattern.crash_summary(sig)
+        return out + pattern.attach(ws.incident, "crash_loop", sig, summary, self.cfg)
 
     def _host_oom(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         return pattern.on_host_oom(ws, sig, self.cfg)
@@ -111,6 +129,7 @@ class Correlator:
         return pattern.attach(inc, "pod_ready", sig, f"pod {sig.pod} Ready again", self.cfg)
 
     def _engine_config(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        self._note_engine(ws, sig)
         if not sig.pod:
             return []
         ws.engine_config[(sig.pod, ",".join(sorted(sig.attrs)))] = sig
@@ -131,27 +150,54 @@ class Correlator:
         )
         if used is None or not total:
             return []
-        return self._pressure(ws, sig, "GPU memory", used / total, self.cfg.memory_ceiling)
+        if ws.engine in PRE_RESERVING and ws.engine_metrics:
+            return []  # VRAM sits near its reservation: KV cache, preemptions, queue decide
+        what = "GPU memory"
+        if ws.engine in PRE_RESERVING:
+            what = f"GPU memory ({ws.engine} pre-reserves VRAM; no KV-cache metrics in the input)"
+        return self._pressure(ws, sig, what, used / total, self.cfg.memory_ceiling)
 
     def _engine_pressure(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        usage = sig.attrs.get("kv_cache_usage")
-        if not isinstance(usage, int | float):
-            return []
-        return self._pressure(ws, sig, "KV cache", float(usage), self.cfg.kv_cache_ceiling)
+        a, cfg, pod = sig.attrs, self.cfg, sig.pod or ""
+        self._note_engine(ws, sig)
+        out: list[Decision] = []
+        usage = a.get("kv_cache_usage")
+        if isinstance(usage, int | float):
+            ws.engine_metrics = True
+            out += self._pressure(ws, sig, "KV cache", float(usage), cfg.kv_cache_ceiling)
+        preempted = a.get("preemptions")
+        if isinstance(preempted, int | float):
+            ws.engine_metrics = True
+            last = ws.preemptions.get(pod)
+            ws.preemptions[pod] = float(preempted)
+            grew = 1.0 if last is not None and preempted > last else 0.0
+            out += self._pressure(ws, sig, "KV cache preemptions", grew, 1.0)
+        waiting = a.get("requests_waiting")
+        if isinstance(waiting, int | float) and cfg.queue_depth_ceiling:
+            ws.engine_metrics = True
+            ratio = float(waiting) / cfg.queue_depth_ceiling
+            out += self._pressure(ws, sig, "queue depth", ratio, 1.0)
+        return out
+
+    def _note_engine(self, ws: WorkloadState, sig: Signal) -> None:
+        engine = sig.attrs.get("engine") or sig.attrs.get("framework")
+        if isinstance(engine, str) and engine in PRE_RESERVING:
+            ws.engine = engine
 
     def _pressure(
         self, ws: WorkloadState, sig: Signal, what: str, ratio: float, ceiling: float
     ) -> list[Decision]:
-        """Track a pod at or under its memory ceiling; attach crossings as evidence."""
+        """Track one pressure measure of a pod; attach its crossings as evidence."""
         pod = sig.pod
         if not pod:
             return []
+        key = (pod, what)
         if ratio < ceiling:
-            ws.at_ceiling.pop(pod, None)
+            ws.at_ceiling.pop(key, None)
             return []
-        was_at = pod in ws.at_ceiling
+        was_at = key in ws.at_ceiling
         marked = replace(sig, attrs={**sig.attrs, "ratio": ratio, "pressure": what})
-        ws.at_ceiling[pod] = marked
+        ws.at_ceiling[key] = marked
         if was_at or ws.incident is None:
             return []
         return pattern.attach(
@@ -162,7 +208,10 @@ class Correlator:
         status = sig.attrs.get("status")
         if not isinstance(status, int):
             return []
-        ws.lb.add(sig.time, status, int(sig.attrs.get("count") or 1))
+        count = _response_count(ws, sig)
+        if count <= 0:
+            return []
+        ws.lb.add(sig.time, status, count)
         ws.last_lb = sig
         lb, cfg = ws.lb, self.cfg
         above = lb.error_rate_per_s >= cfg.error_rate_per_s and lb.error_ratio >= cfg.error_ratio
@@ -195,6 +244,23 @@ class Correlator:
             return []
         summary = str(marked.attrs["summary"])
         return pattern.attach(ws.incident, "lb_errors", marked, summary, self.cfg)
+
+
+def _response_count(ws: WorkloadState, sig: Signal) -> int:
+    """Return how many responses ``sig`` stands for: 1 per access line, a counter's increase.
+
+    A Prometheus counter's first sample only sets the baseline; a decrease is a counter
+    reset, after which the new total counts (Prometheus' ``increase()`` semantics).
+    """
+    total = sig.attrs.get("counter_total")
+    if total is None:
+        return int(sig.attrs.get("count") or 1)
+    series = str(sig.attrs.get("series"))
+    last = ws.counters.get(series)
+    ws.counters[series] = float(total)
+    if last is None:
+        return 0
+    return round(float(total) - last if total >= last else float(total))
 
 
 def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:

@@ -3,6 +3,7 @@
 Rules, in order (DESIGN.md section 4):
 1. load-balancer signals: the upstream name, through the YAML mapping, else the ingress-nginx
    convention ``<namespace>-<service>-<port>`` with the service named after the workload;
+   a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;
 2. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>`` or a StatefulSet;
 3. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
 4. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
@@ -53,7 +54,7 @@ class WorkloadResolver:
 
     def resolve(self, signal: Signal) -> WorkloadRef | None:
         """Return the signal's workload, or None when it names none."""
-        if signal.kind is SignalKind.LB_RESPONSE:
+        if signal.kind is SignalKind.LB_RESPONSE and not signal.attrs.get("sidecar"):
             upstream = signal.attrs.get("upstream")
             return self.for_upstream(upstream) if upstream else None
         if not signal.namespace or not signal.pod:

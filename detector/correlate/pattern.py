@@ -59,7 +59,7 @@ def on_gpu_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[D
     if pod not in inc.victims:
         inc.victims[pod] = sig.time
         out.append(VictimAdded(inc.key, pod, sig.time, len(inc.victims)))
-        pressure = ws.at_ceiling.get(pod)
+        pressure = ws.pressure_of(pod)
         if pressure is not None and sig.time - pressure.time <= cfg.window_s:
             out += attach(inc, "gpu_memory", pressure, pressure_summary(pressure), cfg)
     if not new_death:
@@ -133,7 +133,7 @@ def on_surge_sustained(ws: WorkloadState, now: float, cfg: CorrelateSettings) ->
     src = ws.errors_above_source
     assert src is not None
     inc = ws.incident
-    survivors = {p: s for p, s in ws.at_ceiling.items() if now - s.time <= cfg.window_s}
+    survivors = ws.pods_at_ceiling(now, cfg.window_s)
     if inc is not None:
         survivors = {p: s for p, s in survivors.items() if p not in inc.victims}
         if inc.stage is Stage.SUSPECTED and inc.victims and survivors:
@@ -199,9 +199,14 @@ def oom_summary(sig: Signal) -> str:
 
 
 def pressure_summary(sig: Signal) -> str:
-    """Describe a memory-pressure signal in one line."""
-    ratio = sig.attrs.get("ratio")
-    what = sig.attrs.get("pressure", "memory")
+    """Describe a memory-pressure signal in one line, naming the measure it used."""
+    a = sig.attrs
+    what = a.get("pressure", "memory")
+    if what == "KV cache preemptions":
+        return f"KV cache preemptions rising in pod {sig.pod} (total {a.get('preemptions')})"
+    if what == "queue depth":
+        return f"queue depth {a.get('requests_waiting')} requests waiting in pod {sig.pod}"
+    ratio = a.get("ratio")
     value = f"{ratio:.0%}" if isinstance(ratio, float) else "?"
     return f"{what} at {value} in pod {sig.pod}"
 

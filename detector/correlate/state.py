@@ -103,7 +103,14 @@ class WorkloadState:
     pods: dict[str, None] = field(default_factory=dict)  # pods seen, in order
     last_oom: dict[str, float] = field(default_factory=dict)  # pod -> last GPU OOM time
     last_gpu_oom_at: float | None = None
-    at_ceiling: dict[str, Signal] = field(default_factory=dict)  # pod -> latest pressure signal
+    # (pod, measure) -> the latest signal at or over its ceiling; measure: "GPU memory",
+    # "KV cache", "KV cache preemptions", "queue depth"
+    at_ceiling: dict[tuple[str, str], Signal] = field(default_factory=dict)
+    engine: str | None = None  # serving engine seen in the workload's signals
+    engine_metrics: bool = False  # KV-cache / preemption / queue signals seen
+    preemptions: dict[str, float] = field(default_factory=dict)  # pod -> last running total
+    counters: dict[str, float] = field(default_factory=dict)  # counter series -> last total
+    ambiguous: dict[str, Signal] = field(default_factory=dict)  # pod -> unconfirmed GPU OOM
     engine_config: dict[tuple[str, str], Signal] = field(default_factory=dict)  # (pod, keys)
     last_lb: Signal | None = None
     crash_loops: deque[Signal] = field(default_factory=lambda: deque(maxlen=20))
@@ -115,3 +122,16 @@ class WorkloadState:
     last_host_oom_at: float | None = None
     gpu_used: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     incident: IncidentState | None = None
+
+    def pressure_of(self, pod: str) -> Signal | None:
+        """Return the latest signal that put ``pod`` at a ceiling, or None."""
+        found = [s for (p, _), s in self.at_ceiling.items() if p == pod]
+        return max(found, key=lambda s: s.time) if found else None
+
+    def pods_at_ceiling(self, now: float, window_s: float) -> dict[str, Signal]:
+        """Return pod -> latest pressure signal for pods at a ceiling within the window."""
+        out: dict[str, Signal] = {}
+        for (pod, _), sig in self.at_ceiling.items():
+            if now - sig.time <= window_s and (pod not in out or sig.time > out[pod].time):
+                out[pod] = sig
+        return out

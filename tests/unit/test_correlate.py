@@ -137,3 +137,84 @@ def test_workload_of_pod(
     pod: str, labels: dict[str, str], owner: tuple[str, str] | None, expected: tuple[str, str]
 ) -> None:
     assert workload_of_pod(pod, labels, owner) == expected
+
+
+def counter(t: float, status: int, total: float) -> Signal:
+    return sig(
+        SignalKind.LB_RESPONSE,
+        t,
+        status=status,
+        upstream=UPSTREAM,
+        counter_total=total,
+        series=f"nginx_ingress_controller_requests|{status}",
+    )
+
+
+def test_prometheus_counters_become_rates_and_resets_are_handled() -> None:
+    ok = [counter(t, 200, 1000 + 10 * t) for t in range(0, 120, 15)]
+    errors = [counter(t, 503, 50 + 40 * max(0, t - 30)) for t in range(0, 120, 15)]
+    errors.append(counter(121, 503, 5))  # the controller restarted: counter reset
+    out = run([*ok, *errors])
+    verdicts = [d for d in out if isinstance(d, VerdictRecorded)]
+    assert len(verdicts) == 1 and "no GPU OOM" in verdicts[0].reason
+
+
+def test_first_counter_sample_is_only_a_baseline() -> None:
+    corr = Correlator(CorrelateSettings())
+    corr.observe(counter(0, 503, 10**6))
+    ws = next(iter(corr.workloads.values()))
+    assert ws.lb.total == 0
+
+
+def test_sidecar_lines_name_the_serving_pod() -> None:
+    line = Signal(
+        SignalKind.LB_RESPONSE,
+        T0,
+        SourcePos("rec", 1),
+        "llm",
+        PODS[0],
+        "istio-proxy",
+        attrs={"status": 503, "sidecar": True},
+    )
+    corr = Correlator(CorrelateSettings())
+    corr.observe(line)
+    (ref,) = corr.workloads
+    assert (ref.namespace, ref.name) == ("llm", "vllm-llama")
+
+
+def test_an_ambiguous_oom_needs_context() -> None:
+    amb = sig(SignalKind.GPU_OOM, 10, PODS[0], ambiguous=True, framework="onnxruntime")
+    assert not any(isinstance(d, IncidentOpened) for d in run([amb]))
+    crash = sig(SignalKind.CRASH_LOOP, 25, PODS[0], reason="BackOff")
+    out = run([amb, crash])
+    assert [d.pod for d in out if isinstance(d, VictimAdded)] == [PODS[0]]
+
+
+def test_vram_is_not_pressure_for_a_pre_reserving_engine_with_kv_metrics() -> None:
+    config = sig(SignalKind.ENGINE_CONFIG, 0, PODS[1], engine="vllm", max_num_seqs=256)
+    kv = sig(SignalKind.ENGINE_PRESSURE, 1, PODS[1], engine="vllm", kv_cache_usage=0.3)
+    vram = sig(SignalKind.GPU_MEMORY, 2, PODS[1], used_bytes=97, total_bytes=100, uuid="G1")
+    corr = Correlator(CorrelateSettings())
+    corr.observe_all([config, kv, vram])
+    assert not next(iter(corr.workloads.values())).at_ceiling
+    corr2 = Correlator(CorrelateSettings())  # no KV metrics in the input: VRAM is all we have
+    corr2.observe_all([config, vram])
+    (pressure,) = next(iter(corr2.workloads.values())).at_ceiling.values()
+    assert "pre-reserves VRAM" in pressure.attrs["pressure"]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "measure"),
+    [
+        ({"preemptions": 3}, "KV cache preemptions"),
+        ({"requests_waiting": 150}, "queue depth"),
+        ({"kv_cache_usage": 0.99}, "KV cache"),
+    ],
+)
+def test_engine_pressure_measures(attrs: dict[str, Any], measure: str) -> None:
+    first = sig(SignalKind.ENGINE_PRESSURE, 0, PODS[0], engine="vllm", preemptions=1)
+    later = sig(SignalKind.ENGINE_PRESSURE, 5, PODS[0], engine="vllm", **attrs)
+    corr = Correlator(CorrelateSettings())
+    corr.observe_all([first, later])
+    ws = next(iter(corr.workloads.values()))
+    assert (PODS[0], measure) in ws.at_ceiling
