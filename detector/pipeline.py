@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from detector.runbooks.loader import load_runbook
 log = logging.getLogger(__name__)
 
 COMMIT_EVERY = 5000  # records per database transaction
-MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
+MAX_JUMP_S = 3600.0
+MIN_TIME = 1_262_304_000.0  # 2010-01-01T00:00:00Z: anything earlier is a broken clock  # a record this far ahead of its own stream has a broken clock
 
 
 @dataclass
@@ -66,47 +68,54 @@ class Parsed:
     error: ParseError | None = None
 
 
-def parse_stream(records: Iterable[tuple[SourcePos, bytes]]) -> Iterator[Parsed]:
+def parse_stream(
+    records: Iterable[tuple[SourcePos, bytes]], *, max_time: float = float("inf")
+) -> Iterator[Parsed]:
     """Parse one stream's records in order, keyed for the merge by the stream's clock.
 
     The clock is the stream's latest event time, so a late record keeps its place and the
-    merge stays ordered. A record more than ``MAX_JUMP_S`` ahead of the clock (or the
-    stream's first record) is held until the next record with signals: if that one falls
-    back behind it, the held record had a broken clock and is rejected (``timestamp_jump``)
-    instead of stalling the whole stream; otherwise the stream really moved on.
+    merge stays ordered. A time before 2010 or after ``max_time`` (Unix seconds) is rejected
+    (``timestamp_out_of_range``). A record more than ``MAX_JUMP_S`` ahead of the clock is held
+    until the next record with signals: if that one falls back behind it, the held record
+    had a broken clock and is rejected (``timestamp_jump``) instead of stalling the whole
+    stream; otherwise the stream really moved on and both are kept.
     """
     clock = 0.0
     held: Parsed | None = None
     for source, raw in records:
         try:
             signals = parse_record(raw, source, default_time=clock or None)
+            if signals and not MIN_TIME <= signals[0].time <= max_time:
+                raise ParseError("timestamp_out_of_range", f"event time {signals[0].time:.0f}")
         except ParseError as exc:
             yield Parsed(clock, source, raw, [], exc)
             continue
         if not signals:
             yield Parsed(clock, source, raw, signals)
             continue
-        time = signals[0].time
+        t = signals[0].time
         if held is not None:
-            if time < held.time - MAX_JUMP_S:
-                ahead = f"{held.time - time:.0f} s ahead of the records around it"
+            if t < held.time - MAX_JUMP_S:
+                ahead = f"{held.time - t:.0f} s ahead of the records around it"
                 yield Parsed(clock, held.source, held.raw, [], ParseError("timestamp_jump", ahead))
             else:
                 clock = max(clock, held.time)
                 yield held
             held = None
-        if not clock or time - clock > MAX_JUMP_S:
-            held = Parsed(time, source, raw, signals)
+        if clock and t - clock > MAX_JUMP_S:
+            held = Parsed(t, source, raw, signals)
             continue
-        clock = max(clock, time)
+        clock = max(clock, t)
         yield Parsed(clock, source, raw, signals)
     if held is not None:
         yield held
 
 
 def merged(paths: Iterable[str | Path]) -> Iterator[Parsed]:
-    """Merge the parsed streams of all files by event time."""
-    streams = [parse_stream(read_records([path])) for path in iter_files(paths)]
+    """Merge the parsed streams of all files by event time (times up to a day from now)."""
+    max_time = time.time() + 86400.0
+    files = iter_files(paths)
+    streams = [parse_stream(read_records([path]), max_time=max_time) for path in files]
     return heapq.merge(*streams, key=lambda p: p.time)
 
 

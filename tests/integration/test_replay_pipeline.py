@@ -86,5 +86,5 @@ def test_a_record_from_the_far_future_does_not_stall_its_stream(
     assert wild != lines[at]
     logs.write_bytes(b"\n".join([*lines[: at + 1], wild, *lines[at + 1 :]]) + b"\n")
     result = replay([out], _settings(sqlite_url))
-    assert result.events.rejected_by_reason == {"timestamp_jump": 1}
+    assert result.events.rejected_by_reason == {"timestamp_out_of_range": 1}
     assert len(result.incidents) == 1 and len(result.incidents[0].victims) == 4

@@ -22,7 +22,7 @@ def run(times: list[float]) -> tuple[list[float], list[float]]:
     """Return (accepted signal times in yield order, rejected times)."""
     records = [(SourcePos("f", i + 1), record(T0 + t)) for i, t in enumerate(times)]
     accepted, rejected = [], []
-    for parsed in parse_stream(records):
+    for parsed in parse_stream(records, max_time=T0 + 10**8):
         if parsed.error is not None:
             rejected.append(json.loads(parsed.raw)["@timestamp"] - T0)
         else:
@@ -35,10 +35,11 @@ def run(times: list[float]) -> tuple[list[float], list[float]]:
     [
         ([0, 5, 10], [0, 5, 10], []),
         ([0, 7200, 7205], [0, 7200, 7205], []),  # a quiet stream: nothing lost
-        ([0, 5, 10**9, 10, 15], [0, 5, 10, 15], [10**9]),  # one broken clock mid-stream
-        ([10**9, 0, 5], [0, 5], [10**9]),  # ... or on the first record
+        ([0, 5, 10**7, 10, 15], [0, 5, 10, 15], [10**7]),  # one broken clock mid-stream
+        ([10**9, 0, 5], [0, 5], [10**9]),  # ... or on the first record: out of range
+        ([0, -T0, 5], [0, 5], [-T0]),  # a 1970 timestamp: out of range, its neighbours kept
         ([0, 5, 3, 10], [0, 5, 3, 10], []),  # a late record is kept
-        ([0, 5, 10**9], [0, 5, 10**9], []),  # the last record cannot be judged: kept
+        ([0, 5, 10**7], [0, 5, 10**7], []),  # the last record cannot be judged: kept
     ],
 )
 def test_stream_clock(times: list[float], accepted: list[float], rejected: list[float]) -> None:
