@@ -32,8 +32,8 @@ from detector.runbooks.loader import load_runbook
 log = logging.getLogger(__name__)
 
 COMMIT_EVERY = 5000  # records per database transaction
-MAX_JUMP_S = 3600.0
-MIN_TIME = 1_262_304_000.0  # 2010-01-01T00:00:00Z: anything earlier is a broken clock  # a record this far ahead of its own stream has a broken clock
+MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
+MIN_TIME = 1_262_304_000.0  # 2010-01-01T00:00:00Z: anything earlier is a broken clock
 
 
 @dataclass
