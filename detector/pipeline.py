@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 COMMIT_EVERY = 5000  # records per database transaction
 MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
+JUMP_VOTES = 2  # records that must disagree with a jump before it is called broken
 MIN_TIME = 1_262_304_000.0  # 2010-01-01T00:00:00Z: anything earlier is a broken clock
 
 
@@ -75,13 +76,14 @@ def parse_stream(
 
     The clock is the stream's latest event time, so a late record keeps its place and the
     merge stays ordered. A time before 2010 or after ``max_time`` (Unix seconds) is rejected
-    (``timestamp_out_of_range``). A record more than ``MAX_JUMP_S`` ahead of the clock is held
-    until the next record with signals: if that one falls back behind it, the held record
-    had a broken clock and is rejected (``timestamp_jump``) instead of stalling the whole
-    stream; otherwise the stream really moved on and both are kept.
+    (``timestamp_out_of_range``). A record more than ``MAX_JUMP_S`` ahead of the clock is held:
+    when the next ``JUMP_VOTES`` records with signals all fall back far behind it, it had a
+    broken clock and is rejected (``timestamp_jump``) instead of stalling the whole stream;
+    as soon as one follows it, the stream really moved on and it is kept.
     """
     clock = 0.0
     held: Parsed | None = None
+    against = 0  # records since ``held`` that fell far behind it
     for source, raw in records:
         try:
             signals = parse_record(raw, source, default_time=clock or None)
@@ -95,17 +97,18 @@ def parse_stream(
             continue
         t = signals[0].time
         if held is not None:
-            if t < held.time - MAX_JUMP_S:
-                ahead = f"{held.time - t:.0f} s ahead of the records around it"
-                yield Parsed(clock, held.source, held.raw, [], ParseError("timestamp_jump", ahead))
-            else:
+            if t >= held.time - MAX_JUMP_S:  # the stream followed: the jump was real
                 clock = max(clock, held.time)
                 yield held
-            held = None
-        if clock and t - clock > MAX_JUMP_S:
-            held = Parsed(t, source, raw, signals)
+                held = None
+            elif (against := against + 1) >= JUMP_VOTES:
+                ahead = f"{held.time - t:.0f} s ahead of the records after it"
+                yield Parsed(clock, held.source, held.raw, [], ParseError("timestamp_jump", ahead))
+                held = None
+        if held is None and clock and t - clock > MAX_JUMP_S:
+            held, against = Parsed(t, source, raw, signals), 0
             continue
-        clock = max(clock, t)
+        clock = max(clock, t) if held is None else clock
         yield Parsed(clock, source, raw, signals)
     if held is not None:
         yield held
