@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
+from detector.cli.classify import classify_cmd
 from detector.cli.report import render_report, to_document
 from detector.config import Settings
 from detector.errors import ConfigError, DetectorError
@@ -21,6 +22,7 @@ from detector.pipeline import ReplayResult, replay
 
 app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
 PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this
+app.command("classify")(classify_cmd)
 
 
 def _settings(database_url: str | None, workloads: Path | None) -> Settings:

@@ -45,6 +45,18 @@ fixed order and the first match wins. Wordings and their sources:
   https://github.com/equinor/ert/issues/7797, https://github.com/vectorch-ai/ScaleLLM/issues/38
 - Hints that only mention OOM ("If out-of-memory error occurs during cudagraph capture, ..."):
   https://github.com/vllm-project/vllm/pull/14447
+- ROCm/HIP ("HIP out of memory. Tried to allocate", "hipErrorOutOfMemory", TensorFlow-ROCm
+  "HIP_ERROR_OutOfMemory"): https://github.com/ROCm/TheRock/issues/1054,
+  https://github.com/keras-team/keras/issues/13889, https://github.com/ROCm/hip/issues/2132
+- vLLM sleep mode, CuMemAllocator ("CUDA Error: out of memory at .../cumem_allocator.cpp:62"):
+  https://github.com/TideDra/lmm-r1/issues/43
+- TensorRT ("Requested amount of GPU memory (N bytes) could not be allocated") and
+  TensorRT-LLM ("Executor creation failed due to insufficient GPU memory", "No free blocks
+  left"): https://github.com/pytorch/TensorRT/issues/2836,
+  https://github.com/NVIDIA/TensorRT-LLM/issues/5872, https://github.com/NVIDIA/TensorRT-LLM/issues/694
+- Allocator warnings that retry ("cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an issue
+  ...)") and pinned host memory ("failed to alloc N bytes on host: CUDA_ERROR_OUT_OF_MEMORY"):
+  https://github.com/fzyzcjy/torch_memory_saver/issues/99, https://github.com/jina-ai/dalle-flow/issues/57
 """
 
 from __future__ import annotations
@@ -145,10 +157,19 @@ EXCLUDE: Final = _rules(
         "onnxruntime_arena_cpu_hint",
     ),
     (("hostalloc",), r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
+    (("on host",), r"\balloc\w* \d+ bytes on host", AMB, "tensorflow", "pinned_host_memory"),
+    (("may not be an issue",), r"OUT_OF_MEMORY.{0,20}may not be an issue", AMB, "cuda", "retried"),
 )
 
 GPU_RULES: Final = _rules(
     (OOM, r"\b(?:CUDA|HIP|XPU) out of memory", GPU, "pytorch", "pytorch_oom"),
+    (
+        ("exceed allowed memory",),
+        r"Allocation on device(?: \d+)? would exceed allowed memory",
+        GPU,
+        "pytorch",
+        "pytorch_oom",
+    ),
     (
         ("cache blocks",),
         r"No available memory for the cache blocks",
@@ -261,7 +282,7 @@ GPU_RULES: Final = _rules(
         "cuda_malloc_failed",
     ),
     (
-        ("error",),
+        ("cuda",),  # every match has "cuda" and "error"; "cuda" is the rarer word in logs
         r"\bCUDA error: out of memory|\bcuda\w*[\w ]{0,30}?error[\s=(:]*2\b(?![.\d])",
         GPU,
         "cuda",
@@ -275,11 +296,34 @@ GPU_RULES: Final = _rules(
         "ggml",
         "ggml_buffer_alloc",
     ),
+    (("no space left",), r"No space left for only one request", GPU, "sglang", "kv_pool_exhausted"),
     (
-        ("no space left",),
-        r"No space left for only one request",
+        ("hiperroroutofmemory", "hip_error_outofmemory", "hiperror_t(1002)"),
+        r"hipErrorOutOfMemory|HIP_ERROR_OutOfMemory|from device: hipError_t\(1002\)",
         GPU,
-        "sglang",
+        "rocm",
+        "hip_error_oom",
+    ),
+    (OOM, r"\bhip\w*\b.{0,80}\bout of memory", GPU, "rocm", "hip_error_oom"),
+    (
+        ("requested amount of gpu memory",),
+        r"Requested amount of GPU memory \(\d+ bytes\) could not be allocated",
+        GPU,
+        "tensorrt",
+        "trt_alloc_failed",
+    ),
+    (
+        ("insufficient gpu memory",),
+        r"failed due to insufficient GPU memory",
+        GPU,
+        "tensorrt_llm",
+        "executor_insufficient_memory",
+    ),
+    (
+        ("no free blocks left",),
+        r"allocate new blocks\. No free blocks left",
+        GPU,
+        "tensorrt_llm",
         "kv_pool_exhausted",
     ),
 )
@@ -311,7 +355,15 @@ AMBIGUOUS_RULES: Final = _rules(
 DEAD_RULES: Final = _rules(
     (("enginedeaderror",), r"\b\w*EngineDeadError\b", DEAD, "vllm", "engine_dead"),
     (
-        ("died", "task failed", "errored", "enginecore", "initialization failed", "already dead"),
+        (
+            "died",
+            "task failed",
+            "errored",
+            "enginecore encountered",
+            "enginecore failed",
+            "initialization failed",
+            "already dead",
+        ),
         r"Engine loop has died|Engine background task failed|Background loop has errored"
         r"|Engine (?:core )?process \(pid \d+\) died|Engine core proc \S+ died"
         r"|EngineCore (?:encountered|failed to start)|Engine core initialization failed"
@@ -393,7 +445,9 @@ LOOKALIKE_RULES: Final = _rules(
 
 # Framework refinements for generic CUDA-level wordings: (lower-case token, framework).
 CUDA_FRAMEWORK_HINTS: Final = (
+    ("cumem_allocator", "vllm"),
     ("tensorrt", "tensorrt_llm"),
+    ("[trt]", "tensorrt"),
     ("ggml", "ggml"),
     ("llama", "ggml"),
     ("tensorflow", "tensorflow"),
@@ -408,34 +462,3 @@ CUDA_FRAMEWORK_HINTS: Final = (
     ("curand", "curand"),
 )
 JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
-
-_NUM = r"(\d{1,20}(?:\.\d{1,20})?)"  # bounded: int() and float() of it never fail
-_UNIT = r"\s*(bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
-SIZE_TRIED: Final = re.compile(
-    r"(?:tried to allocate|trying to allocate|allocate request for|failed to allocate"
-    r"|requested\s*:|buffer of size|allocating|CUDA c?alloc)\s*"
-    + _NUM
-    + r"(?:"
-    + _UNIT
-    + r")?(?:\s*\((\d{1,20})\s*(?:bytes|B)\))?",
-    _I,
-)
-SIZE_CAPACITY: Final = (
-    re.compile(r"total capac(?:i)?ty of\s*" + _NUM + _UNIT, _I),
-    re.compile(r"(?<![\d.])" + _NUM + _UNIT + r" total capacity", _I),
-    re.compile(r"Device limit\s*:\s*" + _NUM + _UNIT, _I),
-)
-SIZE_FREE: Final = (
-    re.compile(r"of which\s*" + _NUM + _UNIT + r" is free", _I),
-    re.compile(r"Free \(according to CUDA\)\s*:\s*" + _NUM + _UNIT, _I),
-    re.compile(r"(?<![\d.])" + _NUM + r"\s*([KMGTP]i?B|bytes) free[;,)]"),
-)
-# vLLM: "Free memory on device cuda:0 (36.75/121.63 GiB) on startup ..."
-FREE_OF_TOTAL: Final = re.compile(
-    r"Free memory on device[^(]{0,20}\(" + _NUM + r"/" + _NUM + _UNIT + r"\)", _I
-)
-GPU_INDEX: Final = re.compile(
-    r"(?:\bGPU[ :=_]|device:GPU:|device ordinal |\bon device |cuda:|current device: "
-    r"|\bCUDA(?=\d+ buffer))(\d{1,6})(?!\d)",
-    _I,
-)

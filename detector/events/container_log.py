@@ -1,50 +1,62 @@
-"""Turn one container log line into Signals: GPU OOM, engine dead, host OOM, engine lines.
+"""Turn one container log record into Signals: GPU OOM, engine dead, host OOM, engine lines.
 
-Most lines carry no signal, so a cheap substring pre-filter on the lower-cased line runs
+Most records carry no signal, so a cheap substring pre-filter on the lower-cased text runs
 first; the classifier (``detector.events.classify``) and the engine-line parsers
-(``detector.events.engine_lines``) only see lines that pass it.
+(``detector.events.engine_lines``) only see records that pass it. A record that carries a whole
+multi-line message (Fluent Bit's multiline filter, a Docker record joined by a shipper) is
+classified line by line (``detector.events.multiline.record_findings``), so an OOM on the last
+line of a long traceback is found and a hint or ``raise`` line elsewhere cannot veto it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from detector.events.classify import Classification, OomClass, classify_line
+from detector.events.classify import NUMBER_FIELDS, Classification, OomClass, classify_line
 from detector.events.classify_patterns import GATE_TOKENS
 from detector.events.engine_lines import ENGINE_GATE_TOKENS, parse_engine_line
 from detector.events.model import MAX_TEXT_CHARS, LogLine, Signal, SignalKind, SourcePos
+from detector.events.multiline import MAX_LINE_CHARS, classify_long_line, record_findings
 
-MAX_SCAN_CHARS = 16384  # only this prefix of a line is classified and parsed
+MAX_SCAN_CHARS = MAX_LINE_CHARS  # a line is classified on this prefix (and suffix, if longer)
 
 _PREFILTER_TOKENS = tuple(dict.fromkeys(GATE_TOKENS + ENGINE_GATE_TOKENS))
 
 _VERDICT_KIND = {
     OomClass.GPU_OOM: SignalKind.GPU_OOM,
+    OomClass.AMBIGUOUS: SignalKind.GPU_OOM,  # with attrs ambiguous=True: the correlator decides
     OomClass.ENGINE_DEAD: SignalKind.ENGINE_DEAD,
     OomClass.HOST_OOM: SignalKind.HOST_OOM,
 }
-_OOM_NUMBERS = ("bytes_tried", "capacity_bytes", "free_bytes", "gpu_index")
 
 
 def signals_from_log_line(line: LogLine, source: SourcePos) -> list[Signal]:
-    """Return the signals one container log line carries (usually none).
+    """Return the signals one container log record carries (usually none).
 
-    Kinds: GPU_OOM (attrs framework, bytes_tried, capacity_bytes, free_bytes, gpu_index),
-    ENGINE_DEAD (framework), HOST_OOM (reason, exit_code) from ``classify_line``, and
-    ENGINE_CONFIG / ENGINE_PRESSURE from ``parse_engine_line``. Identity fields and time come
-    from the ``LogLine``; ``text`` is the line truncated to 2 KiB. Only the first
-    ``MAX_SCAN_CHARS`` characters are classified, which bounds the cost of giant lines.
+    Kinds: GPU_OOM (attrs framework, bytes_tried, capacity_bytes, free_bytes, gpu_index; plus
+    ambiguous=True when the text alone cannot decide, and quoted=True, ambiguous=True when the
+    OOM text is another component's HTTP error body), ENGINE_DEAD (framework), HOST_OOM (reason,
+    exit_code) from the classifier, and ENGINE_CONFIG / ENGINE_PRESSURE from
+    ``parse_engine_line``. Identity fields and time come from the ``LogLine``; ``text`` is the
+    line that decided, truncated to 2 KiB. A line is classified on its first and last
+    ``MAX_SCAN_CHARS`` characters, a multi-line record line by line (bounded windows).
     """
     text = line.text
     if not _may_carry_signal(text.lower()):
         return []
     out: list[Signal] = []
-    head = text[:MAX_SCAN_CHARS]
-    verdict = classify_line(head)
-    kind = _VERDICT_KIND.get(verdict.verdict)
-    if kind is not None:
-        out.append(line.to_signal(kind, source, _oom_attrs(verdict, kind)))
-    engine = parse_engine_line(head)
+    if "\n" in text:
+        for hit in record_findings(text):
+            kind = _VERDICT_KIND[hit.classification.verdict]
+            attrs = _oom_attrs(hit.classification, kind)
+            out.append(replace(line, text=hit.text).to_signal(kind, source, attrs))
+    else:
+        verdict = classify_line(text) if len(text) <= MAX_SCAN_CHARS else classify_long_line(text)
+        found = _VERDICT_KIND.get(verdict.verdict)
+        if found is not None:
+            out.append(line.to_signal(found, source, _oom_attrs(verdict, found)))
+    engine = parse_engine_line(text[:MAX_SCAN_CHARS])
     if engine is not None:
         out.append(line.to_signal(engine[0], source, engine[1]))
     return out
@@ -67,10 +79,16 @@ def _oom_attrs(verdict: Classification, kind: SignalKind) -> dict[str, Any]:
         if verdict.reason == "exit_137":
             attrs["exit_code"] = 137
         return attrs
-    for key in _OOM_NUMBERS:
+    if kind is not SignalKind.GPU_OOM:
+        return attrs
+    for key in NUMBER_FIELDS:
         value = getattr(verdict, key)
         if value is not None:
             attrs[key] = value
+    if verdict.verdict is OomClass.AMBIGUOUS or verdict.quoted:
+        attrs["ambiguous"] = True
+    if verdict.quoted:
+        attrs["quoted"] = True
     return attrs
 
 

@@ -1,31 +1,55 @@
 """Recognize a record's format from its content and turn it into Signals.
 
-JSON objects are told apart by their keys after one ``json.loads``: Fluent Bit (``log``),
-Vector (``message`` + ``kubernetes``), prometheus-kafka-adapter (``name``/``value``/``labels``),
-Kubernetes Events (``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or
-metadata/spec/status), lists (``kind: *List`` with ``items``, or a JSON array) and the envelopes
-of event shippers (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``). Other lines
-are bare ingress-nginx access lines or Prometheus exposition lines. The file name never decides.
+JSON objects are told apart by their keys after one ``json.loads``: Fluent Bit (``log`` +
+``kubernetes``), Docker json-file and other metadata-less ``log`` records, Vector (``message`` +
+``kubernetes``), prometheus-kafka-adapter (``name``/``value``/``labels``), Kubernetes Events
+(``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or metadata/spec/status), lists
+(``kind: *List`` with ``items``, or a JSON array) and the envelopes of event shippers
+(eventrouter ``event``, OpenTelemetry ``body``, watch ``object``). Text lines are CRI log lines,
+bare ingress-nginx (and other load-balancer) access lines, nvidia-smi CSV rows, Prometheus
+exposition lines, ``kubectl logs --prefix`` lines, and, when the caller gives their identity,
+plain log lines. The file name never decides the format; CRI and Docker files carry their pod
+only in their path, which ``SourcePos.origin`` holds.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from detector.errors import ParseError
 from detector.events.container_log import signals_from_log_line
 from detector.events.model import LogLine, Signal, SourcePos
 from detector.events.sources import ingress_nginx, lb_access
+from detector.events.sources.cri import parse_cri_line
 from detector.events.sources.dcgm import signals_from_exposition_line
+from detector.events.sources.docker_json import parse_docker_record
 from detector.events.sources.fluentbit import parse_fluentbit_record
 from detector.events.sources.k8s_event import signals_from_event
 from detector.events.sources.k8s_pod import signals_from_pod
+from detector.events.sources.nvidia_smi import signals_from_csv_line
 from detector.events.sources.prom_kafka_adapter import signals_from_adapter_sample
+from detector.events.sources.raw_text import (
+    LogIdentity,
+    parse_json_app_line,
+    parse_raw_line,
+    split_kubectl_prefix,
+)
 from detector.events.sources.vector import parse_vector_event
 
 MAX_RECORD_BYTES = 1024 * 1024
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # a pretty-printed JSON document (kubectl get -o json)
 _MAX_NESTING = 3  # List -> watch envelope -> object
+_JSON_ARRAY_STARTS = frozenset(("", "{", "[", '"', "]", " ", "\t", "\n", "\r"))
+
+__all__ = [
+    "MAX_DOCUMENT_BYTES",
+    "MAX_RECORD_BYTES",
+    "LogIdentity",
+    "parse_record",
+    "signals_from_log",
+]
 
 
 def parse_record(
@@ -34,17 +58,25 @@ def parse_record(
     *,
     default_time: float | None = None,
     max_bytes: int = MAX_RECORD_BYTES,
+    identity: LogIdentity | None = None,
 ) -> list[Signal]:
     """Parse one record (a Kafka message value or a file line) into its signals.
 
     ``default_time`` (Unix seconds; e.g. the Kafka record or scrape time) times records that
-    carry no time of their own. A valid record that says nothing returns ``[]``. Raises
-    ``ParseError`` and nothing else; reasons: too_large (over ``max_bytes``), not_utf8,
-    invalid_unicode,
-    malformed_json, unknown_format, missing_field, missing_timestamp, bad_timestamp, bad_value,
-    malformed_metric.
+    carry no time of their own (and gives the year to year-less log timestamps).
+    ``identity`` is the identity of plain-text lines in no known format (the workload given on
+    the command line): they become container log lines of it, timed by their leading
+    timestamp or ``default_time``; it is also the fallback identity of CRI and Docker lines
+    whose path names no pod, and of JSON log lines of an unknown shape. Without it, plain text
+    is ``unknown_format``.
+    ``max_bytes`` bounds a one-line record; a pretty-printed JSON document (its first line a
+    lone ``{`` or ``[``, which the file reader yields whole) may be up to ``MAX_DOCUMENT_BYTES``.
+    A valid record that says nothing returns ``[]``. Raises ``ParseError`` and nothing else;
+    reasons: too_large, not_utf8, invalid_unicode, malformed_json, unknown_format,
+    missing_field, missing_timestamp, bad_timestamp, bad_value, malformed_metric.
+    Formats: the module docstring, each with its source in ``detector.events.sources``.
     """
-    if len(raw) > max_bytes:
+    if len(raw) > max_bytes and not _is_document(raw):
         raise ParseError("too_large", f"{len(raw)} bytes > {max_bytes}")
     if isinstance(raw, str):
         text = raw
@@ -53,26 +85,117 @@ def parse_record(
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ParseError("not_utf8", f"invalid UTF-8 at byte {exc.start}") from None
-    stripped = text.strip()
+    return _parse_text(text.strip(), source, default_time, identity)
+
+
+def _is_document(raw: bytes | str) -> bool:
+    """Tell a pretty-printed JSON document within ``MAX_DOCUMENT_BYTES``: a lone ``{``/``[``
+    on its first non-blank line (how ``kubectl get -o json`` and ``json.dumps(indent=...)``
+    start).
+    """
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        return False
+    head = raw[:4096]
+    text = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    text = text.lstrip(" \t\r\n\ufeff")
+    return text[:1] in ("{", "[") and text[1:].lstrip(" \t\r")[:1] == "\n"
+
+
+def _parse_text(
+    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+) -> list[Signal]:
     if not stripped:
         return []
-    if stripped[0] in "{[":
-        try:
-            obj = json.loads(stripped)
-        except (ValueError, RecursionError) as exc:
-            raise ParseError("malformed_json", str(exc)[:200]) from None
-        signals = _from_json(obj, source, default_time, 0)
-        if "\\u" in stripped:  # only a \uXXXX escape can smuggle in a lone surrogate
-            _check_unicode(signals)
-        return signals
-    if stripped[0] == "\ufeff":
-        return parse_record(stripped[1:], source, default_time=default_time, max_bytes=max_bytes)
+    first = stripped[0]
+    if first in "{[":
+        return _from_json_text(stripped, source, default_time, identity)
+    if first == "\ufeff":  # byte-order marks, however many: strip, never recurse per mark
+        return _parse_text(stripped.lstrip("\ufeff \t\r\n"), source, default_time, identity)
+    return _from_text(stripped, source, default_time, identity)
+
+
+def _from_json_text(
+    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+) -> list[Signal]:
+    try:
+        obj = json.loads(stripped)
+    except (ValueError, RecursionError) as exc:
+        if stripped[0] == "[":
+            signals = _bracketed_text(stripped, source, default_time, identity)
+            if signals is not None:
+                return signals
+            if stripped[1:2] not in _JSON_ARRAY_STARTS:  # "[04:40:55 TP0] ...": text, not JSON
+                raise ParseError("unknown_format", "bracketed text line") from None
+        raise ParseError("malformed_json", str(exc)[:200]) from None
+    try:
+        signals = _from_json(obj, source, default_time, identity, 0)
+    except ParseError as exc:
+        if identity is None or exc.reason != "unknown_format" or not isinstance(obj, dict):
+            raise
+        line = parse_json_app_line(obj, stripped, identity, default_time=default_time)
+        return signals_from_log(line, source)
+    if "\\u" in stripped:  # only a \uXXXX escape can smuggle in a lone surrogate
+        _check_unicode(signals)
+    return signals
+
+
+def _bracketed_text(
+    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+) -> list[Signal] | None:
+    """Parse a line that starts with ``[`` but is no JSON; None when it is nothing known."""
+    prefixed = split_kubectl_prefix(stripped)
+    if prefixed is not None:
+        pod, container, rest = prefixed
+        rest = rest.strip()
+        if split_kubectl_prefix(rest) is not None:  # bounded: no recursion per prefix
+            raise ParseError("unknown_format", "nested kubectl log prefixes")
+        if rest[:1] not in ("{", "["):  # the pod's own line; JSON is a shipper's record
+            base = identity or LogIdentity(namespace=None, pod=None)
+            identity = replace(base, pod=pod, container=container)
+        return _parse_text(rest, source, default_time, identity)
+    if identity is not None:
+        return _from_text(stripped, source, default_time, identity)
+    return signals_from_csv_line(stripped, source, default_time=default_time)  # "[N/A], ..."
+
+
+def _from_text(
+    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+) -> list[Signal]:
+    """Parse a text line: CRI, access lines, nvidia-smi CSV, exposition, then plain text."""
+    if stripped[:1].isdigit():
+        line = parse_cri_line(stripped, source.origin)
+        if line is not None:
+            return signals_from_log(_fallback(line, identity), source)
     sig = ingress_nginx.signal_from_raw_access_line(stripped, source)
     if sig is None:
         sig = lb_access.signal_from_raw_lb_line(stripped, source, default_time)
     if sig is not None:
         return [sig]
-    return signals_from_exposition_line(stripped, source, default_time=default_time)
+    try:
+        if "," in stripped and "{" not in stripped:
+            table = signals_from_csv_line(stripped, source, default_time=default_time)
+            if table is not None:
+                return table
+        return signals_from_exposition_line(stripped, source, default_time=default_time)
+    except ParseError:
+        if identity is None:
+            raise
+    line = parse_raw_line(stripped, identity, default_time=default_time)
+    return signals_from_log(line, source)
+
+
+def _fallback(line: LogLine, identity: LogIdentity | None) -> LogLine:
+    """Give a line whose envelope names no pod the caller's identity, if any."""
+    if line.pod is not None or identity is None:
+        return line
+    return replace(
+        line,
+        namespace=identity.namespace,
+        pod=identity.pod,
+        container=identity.container,
+        cluster=identity.cluster,
+        owner=identity.owner,
+    )
 
 
 def _check_unicode(signals: list[Signal]) -> None:
@@ -117,32 +240,45 @@ def _event_in_log(line: LogLine, source: SourcePos) -> list[Signal]:
     return signals_from_event(obj, source, default_time=line.time)
 
 
-def _from_json(obj: Any, source: SourcePos, default_time: float | None, depth: int) -> list[Signal]:
+def _from_json(
+    obj: Any,
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    depth: int,
+) -> list[Signal]:
     if isinstance(obj, dict):
-        return _from_object(obj, source, default_time, depth)
+        return _from_object(obj, source, default_time, identity, depth)
     if isinstance(obj, list) and depth == 0:
-        return _from_items(obj, source, default_time, depth)
+        return _from_items(obj, source, default_time, identity, depth)
     raise ParseError("unknown_format", f"JSON {type(obj).__name__} is not a record")
 
 
 def _from_object(
-    obj: dict[str, Any], source: SourcePos, default_time: float | None, depth: int
+    obj: dict[str, Any],
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    depth: int,
 ) -> list[Signal]:
     if "log" in obj:
-        return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
+        if isinstance(obj.get("kubernetes"), dict):  # Fluent Bit with the kubernetes filter
+            return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
+        line = parse_docker_record(obj, source.origin, default_time=default_time)
+        return signals_from_log(_fallback(line, identity), source)
     if "message" in obj:
         k8s = obj.get("kubernetes")
         if isinstance(k8s, dict) and "namespace_name" in k8s:  # Fluent Bit, log renamed
             return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
         if isinstance(k8s, dict) or obj.get("source_type") == "kubernetes_logs":
             return signals_from_log(parse_vector_event(obj, default_time=default_time), source)
+    lb = lb_access.signals_from_lb_json(obj, source, default_time)  # before the adapter:
+    if lb is not None:  # its Prometheus LB counters arrive as adapter samples too
+        return lb
     if ("labels" in obj and "value" in obj) or ("__name__" in obj and "__value__" in obj):
         return signals_from_adapter_sample(obj, source)
     if "involvedObject" in obj or "regarding" in obj:
         return signals_from_event(obj, source, default_time=default_time)
-    lb = lb_access.signals_from_lb_json(obj, source)
-    if lb is not None:
-        return lb
     kind = obj.get("kind")
     if kind == "Pod" or (kind is None and "status" in obj and "spec" in obj and "metadata" in obj):
         return signals_from_pod(obj, source)
@@ -150,10 +286,10 @@ def _from_object(
         return signals_from_event(obj, source, default_time=default_time)
     items = obj.get("items")
     if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
-        return _from_items(items, source, default_time, depth)
+        return _from_items(items, source, default_time, identity, depth)
     inner = _envelope(obj)
     if inner is not None and depth < _MAX_NESTING:
-        return _from_object(inner, source, default_time, depth + 1)
+        return _from_object(inner, source, default_time, identity, depth + 1)
     keys = ", ".join(str(k)[:40] for k in list(obj)[:8])
     raise ParseError("unknown_format", f"JSON object with keys: {keys}")
 
@@ -170,7 +306,11 @@ def _envelope(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _from_items(
-    items: list[Any], source: SourcePos, default_time: float | None, depth: int
+    items: list[Any],
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    depth: int,
 ) -> list[Signal]:
     """Parse the items of a List; skip items that fail unless every item fails."""
     out: list[Signal] = []
@@ -180,7 +320,7 @@ def _from_items(
         try:
             if not isinstance(item, dict) or depth >= _MAX_NESTING:
                 raise ParseError("unknown_format", "list item is not an object")
-            out.extend(_from_object(item, source, default_time, depth + 1))
+            out.extend(_from_object(item, source, default_time, identity, depth + 1))
             parsed += 1
         except ParseError as exc:
             first_error = first_error or exc

@@ -73,7 +73,9 @@ def _wanted(name: str) -> bool:
 
 
 def _read_file(path: Path) -> Iterator[tuple[SourcePos, bytes]]:
-    origin = str(path.resolve())  # one spelling per file, so re-deliveries dedupe
+    # one spelling per file, so re-deliveries dedupe; abspath keeps the kubelet symlink's name,
+    # which carries the pod identity (resolve() would follow it to a nameless file)
+    origin = os.path.abspath(path)
     with path.open("rb") as f:
         if _is_json_document(f):
             f.seek(0)

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from detector.events.classify import Classification, OomClass, classify_line, parse_size
+from detector.events.classify import (
+    Classification,
+    OomClass,
+    classify_line,
+    line_numbers,
+    parse_size,
+)
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -94,6 +100,7 @@ def test_public_lines(sample: dict[str, Any]) -> None:
     for key in ("bytes_tried", "capacity_bytes", "free_bytes", "gpu_index"):
         if key in sample:
             assert getattr(result, key) == sample[key], key
+    assert result.quoted is sample.get("quoted", False)
 
 
 # Real lines (shared corpus, with their sources there) and the numbers they carry.
@@ -243,6 +250,7 @@ def test_extracted_numbers(
         ("2.96", "G", round(2.96 * GiB)),
         ("8.23", "GB", round(8.23 * GiB)),
         ("1", "TiB", 1 << 40),
+        ("4547406516732812544", None, 4547406516732812544),  # beyond float precision
     ],
 )
 def test_parse_size(number: str, unit: str | None, expected: int) -> None:
@@ -308,3 +316,57 @@ def test_prefixes_do_not_change_the_verdict(prefix: str) -> None:
 )
 def test_a_prompt_that_quotes_an_oom_is_not_an_oom(line: str) -> None:
     assert classify_line(line).verdict is OomClass.NOT_GPU_OOM
+
+
+@pytest.mark.parametrize(
+    "line,quoted",
+    [
+        (  # openai-python's APIStatusError text, "Error code: {status} - {body}", carrying a
+            # vLLM ErrorResponse (object/message/type/param/code) as another service logs it;
+            # constructed from the formats of openai/_exceptions.py and vllm's protocol.py
+            "openai.InternalServerError: Error code: 500 - {'object': 'error', 'message': 'CUDA "
+            "out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.25 GiB "
+            "of which 1.02 GiB is free.', 'type': 'InternalServerError', 'param': None, 'code': "
+            "500}",
+            True,
+        ),
+        (  # a gateway logging the upstream's JSON error body
+            'upstream error status=500 body={"object":"error","message":"CUDA out of memory. '
+            'Tried to allocate 512.00 MiB","type":"InternalServerError","code":500}',
+            True,
+        ),
+        (  # the engine's own JSON log record (TGI --json-output layout): not second-hand
+            '{"timestamp":"2024-05-01T10:00:00.000Z","level":"ERROR","fields":{"message":"Shard '
+            "0 failed: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 "
+            'GiB"},"target":"text_generation_launcher"}',
+            False,
+        ),
+        ("RuntimeError: CUDA error: out of memory", False),
+    ],
+)
+def test_an_error_body_quoting_an_oom_is_a_quoted_oom(line: str, quoted: bool) -> None:
+    result = classify_line(line)
+    assert (result.verdict, result.quoted) == (OomClass.GPU_OOM, quoted)
+
+
+def test_a_prompt_quoting_an_error_body_is_still_a_prompt() -> None:
+    line = (
+        'DEBUG request body: {"model": "llama", "messages": [{"role": "user", "content": '
+        '"why {\\"error\\": \\"CUDA out of memory. Tried to allocate 2.00 GiB\\"}?"}]}'
+    )
+    assert classify_line(line).reason == "request_payload"
+
+
+@pytest.mark.parametrize(
+    "text,numbers",
+    [
+        ("Requested : 512.00 KiB", {"bytes_tried": 512 * KiB}),
+        ("Device limit : 15.99 GiB", {"capacity_bytes": round(15.99 * GiB)}),
+        ("Free (according to CUDA): 0 bytes", {"free_bytes": 0}),
+        ("Total GPU memory (GiB): 140.06", {"capacity_bytes": round(140.06 * GiB)}),
+        ("Currently allocated : 15.16 GiB", {}),
+        ("", {}),
+    ],
+)
+def test_line_numbers(text: str, numbers: dict[str, int]) -> None:
+    assert line_numbers(text) == numbers

@@ -143,9 +143,14 @@ def _real_lines() -> list[str]:
 
 def test_prefilter_never_drops_a_signal() -> None:
     """Every real line gives the same signals as the classifier and parser called directly."""
-    kinds = {OomClass.GPU_OOM, OomClass.ENGINE_DEAD, OomClass.HOST_OOM}
+    kinds = {
+        OomClass.GPU_OOM: SignalKind.GPU_OOM,
+        OomClass.AMBIGUOUS: SignalKind.GPU_OOM,
+        OomClass.ENGINE_DEAD: SignalKind.ENGINE_DEAD,
+        OomClass.HOST_OOM: SignalKind.HOST_OOM,
+    }
     for text in _real_lines():
-        expected = [SignalKind(v.verdict) for v in [classify_line(text)] if v.verdict in kinds]
+        expected = [kinds[v.verdict] for v in [classify_line(text)] if v.verdict in kinds]
         engine = parse_engine_line(text)
         expected += [engine[0]] if engine else []
         got = [s.kind for s in signals_from_log_line(log_line(text), SOURCE)]
@@ -167,3 +172,101 @@ def test_hostile_text_never_raises() -> None:
     for text in _hostile_lines():
         for signal in signals_from_log_line(log_line(text), SOURCE):
             assert len(signal.text) <= MAX_TEXT_CHARS
+
+
+def _corpus_record(folder: str, name: str) -> str:
+    """Return a multi-line corpus file as ONE record's text (a shipper's multiline record)."""
+    return (CORPUS / folder / name).read_text(encoding="utf-8").rstrip("\n")
+
+
+NO_CORPUS = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not found")
+
+
+@NO_CORPUS
+@pytest.mark.parametrize(
+    "name,bytes_tried",
+    [("001_startup_kv_cache_no_memory.log", None), ("021_tf_resource_exhausted.log", None)],
+)
+def test_a_multiline_record_is_classified_by_its_lines(name: str, bytes_tried: int | None) -> None:
+    # 001: a `raise ...` source line, 021: a hint line; neither may veto the OOM line.
+    signals = signals_from_log_line(log_line(_corpus_record("gpu_oom", name)), SOURCE)
+    (oom,) = [s for s in signals if s.kind is SignalKind.GPU_OOM]
+    assert oom.attrs.get("bytes_tried") == bytes_tried
+    assert "\n" not in oom.text and "ambiguous" not in oom.attrs
+
+
+@NO_CORPUS
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("lookalikes/*.log")), ids=lambda p: p.name)
+def test_lookalike_records_give_no_gpu_oom(path: Path) -> None:
+    text = path.read_text(encoding="utf-8").rstrip("\n")
+    kinds = [s.kind for s in signals_from_log_line(log_line(text), SOURCE)]
+    assert SignalKind.GPU_OOM not in kinds
+
+
+def test_oom_on_the_last_line_of_a_100_kb_traceback() -> None:
+    frame = '  File "/usr/local/lib/python3.12/site-packages/vllm/v1/worker/gpu_worker.py", line 9'
+    record = "\n".join(["Traceback (most recent call last):"] + [frame] * 1200 + [OOM_LINE])
+    assert len(record) > 100_000
+    (signal,) = signals_from_log_line(log_line(record), SOURCE)
+    assert (signal.kind, signal.text, signal.attrs["bytes_tried"]) == (
+        SignalKind.GPU_OOM,
+        OOM_LINE,
+        232 * MiB,
+    )
+
+
+def test_engine_death_and_its_oom_in_one_record() -> None:
+    record = (
+        "ERROR 07-08 09:27:29 async_llm_engine.py:52] Engine background task failed\n"
+        "ERROR 07-08 09:27:29 async_llm_engine.py:52] Traceback (most recent call last):\n"
+        f"ERROR 07-08 09:27:29 async_llm_engine.py:52] {OOM_LINE}"
+    )
+    kinds = [s.kind for s in signals_from_log_line(log_line(record), SOURCE)]
+    assert kinds == [SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD]
+
+
+def test_oom_at_the_end_of_a_giant_single_line() -> None:
+    (signal,) = signals_from_log_line(log_line("x " * 20000 + OOM_LINE), SOURCE)
+    assert (signal.kind, signal.attrs["gpu_index"]) == (SignalKind.GPU_OOM, 0)
+
+
+@pytest.mark.parametrize(
+    "text,attrs",
+    [
+        (  # the line alone cannot tell the device (shared corpus, ambiguous)
+            "ResourceExhaustedError (see above for traceback): OOM when allocating tensor with "
+            "shape[100,4096,32]",
+            {"framework": "tensorflow", "ambiguous": True},
+        ),
+        (  # DayBreak-u/chineseocr_lite#355: the arena of the CPU provider, likely (NCHWc node)
+            "2021-07-08 01:27:55.7944269 [E:onnxruntime:, sequential_executor.cc:339 "
+            "onnxruntime::SequentialExecutor::Execute] Non-zero status code returned while "
+            "running Conv node. Name:'347_nchwc' Status Message: D:\\a\\_work\\1\\s\\"
+            "onnxruntime\\core\\framework\\bfc_arena.cc:330 onnxruntime::BFCArena::"
+            "AllocateRawInternal Failed to allocate memory for requested buffer of size 285081600",
+            {"framework": "onnxruntime", "bytes_tried": 285081600, "ambiguous": True},
+        ),
+        (  # fzyzcjy/torch_memory_saver#99: the allocator retries
+            "[torch_memory_saver.cpp] cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an issue "
+            "e.g. torch allocator will free cache and retry)",
+            {"framework": "cuda", "ambiguous": True},
+        ),
+        (  # gladiaio/gladia#802: another service's HTTP 500 body, relayed
+            '  "detail": "The following error occurred: CUDA out of memory. Tried to allocate '
+            "20.00 GiB (GPU 0; 31.75 GiB total capacity; 13.38 GiB already allocated; 15.96 GiB "
+            'free; 14.63 GiB reserved in total by PyTorch)"',
+            {
+                "framework": "pytorch",
+                "bytes_tried": 20 * GiB,
+                "capacity_bytes": round(31.75 * GiB),
+                "free_bytes": round(15.96 * GiB),
+                "gpu_index": 0,
+                "ambiguous": True,
+                "quoted": True,
+            },
+        ),
+    ],
+)
+def test_ambiguous_and_quoted_ooms_are_marked(text: str, attrs: dict[str, object]) -> None:
+    (signal,) = signals_from_log_line(log_line(text), SOURCE)
+    assert (signal.kind, signal.attrs) == (SignalKind.GPU_OOM, attrs)

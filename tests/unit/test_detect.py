@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from detector.errors import ParseError
 from detector.events.detect import MAX_RECORD_BYTES, parse_record, signals_from_log
 from detector.events.model import LogLine, SignalKind, SourcePos
+from detector.events.sources.raw_text import LogIdentity
 
 SRC = SourcePos("topic", 7, partition=0)
 OOM = (
@@ -90,6 +92,16 @@ def _kinds(record: Any, **kwargs: Any) -> list[str]:
         ("", []),
         ("  \n", []),
         ("\ufeff" + json.dumps(EVENT), ["crash_loop"]),
+        # Docker json-file: a "log" record without kubernetes metadata
+        ({"log": OOM + "\n", "stream": "stderr", "time": "2024-05-01T10:00:00Z"}, ["gpu_oom"]),
+        (f"2024-05-01T10:00:00.123456789Z stderr F {OOM}", ["gpu_oom"]),  # CRI
+        (f"2024-05-01T10:00:00.123456789+01:00 stdout P {OOM[:60]}", ["gpu_oom"]),  # partial
+        ("[vector-h6qzw vector] " + json.dumps(EVENT), ["crash_loop"]),  # kubectl --prefix
+        (f"[pod/vllm-0/vllm] 2024-05-01T10:00:00Z {OOM}", ["gpu_oom"]),
+        ("2024/05/01 10:00:00.123, 0, GPU-1234abcd-0000, 79000 MiB, 81920 MiB", ["gpu_memory"]),
+        ("timestamp, index, uuid, memory.used [MiB], memory.total [MiB]", []),
+        ("[N/A], [N/A], [N/A]", []),
+        ('tgi_queue_size{pod="tgi-0"} 3 1734429601000', ["engine_pressure"]),
     ],
 )
 def test_dispatch(record: Any, kinds: list[str]) -> None:
@@ -134,7 +146,10 @@ def test_signals_from_log_order() -> None:
         (b'{"log": "\xff\xfe"}', "not_utf8"),
         (b"\x00\x01\x02\xff", "not_utf8"),
         ('{"@timestamp":"2022-09-30T09:27:40.954726Z","log":"at org', "malformed_json"),
-        ("[vector-h6qzw vector] {}", "malformed_json"),
+        ("[vector-h6qzw vector] {}", "unknown_format"),  # a kubectl prefix, then "{}"
+        ("[vector-h6qzw vector] {", "malformed_json"),
+        ("[04:40:55 TP0] Decode batch. #running-req: 2", "unknown_format"),  # no identity
+        ('["truncated', "malformed_json"),
         ("[" * 100_000 + "]" * 100_000, "malformed_json"),  # deeper than the decoder recurses
         ('{"a": NaN', "malformed_json"),
         ("42", "unknown_format"),
@@ -145,11 +160,11 @@ def test_signals_from_log_order() -> None:
         ("[1, 2]", "unknown_format"),
         ("[[{}]]", "unknown_format"),
         ("{}", "unknown_format"),
-        (
-            "2024-03-26T16:21:04.076718973+01:00 stderr F 2024/03/26 15:21:04 [error]",
-            "unknown_format",
-        ),
+        ("2024-13-26T16:21:04.076718973+01:00 stderr F x", "bad_timestamp"),  # CRI, no date
         ("Traceback (most recent call last):", "unknown_format"),
+        ("INFO 03-14 09:00:01 [api_server.py:1] started", "unknown_format"),  # no identity
+        ("0, 79000 MiB", "unknown_format"),  # nvidia-smi: used, free or total?
+        ('{"level": "info", "msg": "x", "time": "2024-01-01T00:00:00Z"}', "unknown_format"),
         ('{"log": 5, "@timestamp": 1}', "missing_field"),
         ('{"log": "x"}', "missing_field"),
         ('{"log": "x", "@timestamp": "noon"}', "bad_timestamp"),
@@ -169,6 +184,34 @@ def test_rejects(raw: bytes | str, reason: str) -> None:
     with pytest.raises(ParseError) as err:
         parse_record(raw, SRC)
     assert err.value.reason == reason
+
+
+def test_identity_is_a_keyword_only_parameter_defaulting_to_none() -> None:
+    param = inspect.signature(parse_record).parameters["identity"]
+    assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is None
+
+
+def test_plain_line_with_identity() -> None:
+    identity = LogIdentity("llm", "vllm-0", "vllm", workload="vllm", cluster="prod")
+    line = f"(EngineCore pid=112) ERROR 03-14 09:00:01 [core.py:1131] {OOM}"
+    (sig,) = parse_record(line, SRC, default_time=1741942800.0, identity=identity)
+    assert sig.kind is SignalKind.GPU_OOM and sig.time == 1741942801.0  # 2025-03-14T09:00:01Z
+    assert (sig.namespace, sig.pod, sig.container, sig.cluster) == ("llm", "vllm-0", "vllm", "prod")
+    assert sig.owner == ("Deployment", "vllm")
+    with pytest.raises(ParseError) as err:
+        parse_record(line, SRC, identity=identity)  # month-day needs a year
+    assert err.value.reason == "missing_timestamp"
+
+
+def test_pretty_printed_documents_may_exceed_max_bytes() -> None:
+    document = json.dumps({"kind": "List", "items": [POD] * 3000}, indent=2)
+    assert len(document) > MAX_RECORD_BYTES and document.startswith("{\n")
+    assert len(parse_record(document, SRC)) == 3000
+    assert len(parse_record("\n  " + document.encode().decode(), SRC)) == 3000
+    assert len(parse_record(document.encode(), SRC, max_bytes=100)) == 3000
+    with pytest.raises(ParseError) as err:
+        parse_record(document.replace("\n", " "), SRC)
+    assert err.value.reason == "too_large"
 
 
 def test_max_bytes_can_be_raised_for_whole_file_documents() -> None:
@@ -192,6 +235,8 @@ _KEYS = st.sampled_from(
         "restartCount", "conditions", "phase", "ready", "pod_name", "namespace_name",
         "pod_owner", "file", "source_type", "ownerReferences", "controller", "fieldPath",
         "lastObservedTime", "finishedAt", "startedAt", "lastTransitionTime", "type", "host",
+        "attrs", "path", "msg", "deprecatedLastTimestamp", "deprecatedSource",
+        "reportingController", "reportingInstance", "deprecatedCount",
     ]
 )  # fmt: skip
 _SCALARS = (
@@ -239,6 +284,34 @@ def test_any_bytes(raw: bytes) -> None:
 @given(st.text(max_size=512))
 def test_any_text(raw: str) -> None:
     _ok(raw)
+
+
+_IDENTITY = LogIdentity("llm", "vllm-0", "vllm", workload="StatefulSet/vllm")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.text(max_size=300) | st.binary(max_size=300),
+    st.sampled_from([None, 1734429601.0]),
+    st.sampled_from(["topic", "/var/log/pods/llm_vllm-0_uid/vllm/0.log"]),
+)
+def test_any_record_with_an_identity(
+    raw: str | bytes, default_time: float | None, origin: str
+) -> None:
+    try:
+        signals = parse_record(
+            raw, SourcePos(origin, 1), default_time=default_time, identity=_IDENTITY
+        )
+    except ParseError as exc:
+        assert exc.reason
+        return
+    assert all(isinstance(s.time, float) for s in signals)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789-:.TZ+ stdoutrerPF[]/podvlm,MiBGPU", max_size=120))
+def test_cri_and_csv_like_text(raw: str) -> None:
+    _ok(raw, 1734429601.0)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

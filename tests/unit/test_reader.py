@@ -117,4 +117,4 @@ def test_a_truncated_first_record_does_not_swallow_the_file(tmp_path: Path) -> N
     path.write_bytes(b'{"log": "cut off\n{"log": "a"}\n{"log": "b"}\n')
     records = list(read_records([path]))
     assert [pos.position for pos, _ in records] == [1, 2, 3]
-    assert records[0][0].origin == str(path.resolve())
+    assert records[0][0].origin == str(path.absolute())

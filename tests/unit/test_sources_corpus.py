@@ -66,14 +66,21 @@ def test_every_record_parses_or_is_rejected_with_a_reason(folder: str) -> None:
     [
         ("fluentbit_kafka_record_2022_containerd.txt", "malformed_json"),  # truncated in source
         ("tgi_json_output_C_v3_router_top_level_message_TRUNCATED.log", "malformed_json"),
-        ("vector_kubernetes_logs_2020_kubectl_prefix.log", "malformed_json"),  # kubectl prefix
-        ("cri_log_lines.log", "unknown_format"),  # bare CRI lines come inside a shipper envelope
     ],
 )
 def test_envelopes_rejected(name: str, reason: str) -> None:
     results = _parse_file(CORPUS / "envelopes" / name)
     assert results
     assert all(isinstance(r, ParseError) and r.reason == reason for r in results)
+
+
+@pytest.mark.parametrize(
+    "name", ["vector_kubernetes_logs_2020_kubectl_prefix.log", "cri_log_lines.log"]
+)
+def test_envelopes_parsed(name: str) -> None:
+    results = _parse_file(CORPUS / "envelopes" / name)
+    assert results
+    assert not any(isinstance(r, ParseError) for r in results)
 
 
 def test_vector_2020_lines_once_the_kubectl_prefix_is_gone() -> None:
@@ -198,11 +205,14 @@ def _lb_rows() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("row", _lb_rows(), ids=lambda r: r["expect"])
 def test_ingress_nginx_corpus_lines(row: dict[str, Any]) -> None:
-    """Access lines give LB_RESPONSE with their status; error_log lines give none.
+    """Access lines give LB_RESPONSE with their status; error_log lines give theirs, marked.
 
-    Two rows are knowingly not counted: a paste fragment that starts mid-line (no request head,
-    so no status of its own) and a custom JSON log-format-upstream line cut off in the source
-    (custom formats are not the controller's default).
+    error_log upstream failures carry ``error_log=True`` (the access line of the same request
+    names the upstream; the error line only its address); limit_req rejections are 429 with
+    ``rate_limited=True`` whatever status the client got. Two rows are knowingly not counted: a
+    paste fragment that starts mid-line (no request head, so no status of its own) and a custom
+    JSON log-format-upstream line cut off in the source (custom formats are not the
+    controller's default). All lb/ rows: tests/unit/test_sources_lb_corpus.py.
     """
     line = LogLine(time=SCRAPE, text=row["text"], namespace="ingress-nginx", pod="ctrl-0")
     lb = [s for s in signals_from_log(line, SourcePos("lb", 1)) if s.kind is SignalKind.LB_RESPONSE]
@@ -210,6 +220,12 @@ def test_ingress_nginx_corpus_lines(row: dict[str, Any]) -> None:
         (sig,) = lb
         assert sig.attrs["status"] == row["status"]
         assert sig.attrs["upstream"] is None
+    elif row["expect"] == "lb_5xx_error_log":
+        (sig,) = lb
+        assert sig.attrs["status"] == row["status"] and sig.attrs["error_log"] is True
+    elif row["expect"] == "lb_rate_limited_not_backend_failure":
+        (sig,) = lb
+        assert sig.attrs["status"] == 429 and sig.attrs["rate_limited"] is True
     else:
         assert lb == []
 
@@ -261,15 +277,30 @@ def test_vllm_v0_names() -> None:
     assert [(s.kind, s.attrs) for s in signals] == [
         (
             SignalKind.ENGINE_PRESSURE,
-            {"requests_running": 0, "metric": "vllm:num_requests_running", "model": _QWEN},
+            {
+                "engine": "vllm",
+                "requests_running": 0,
+                "metric": "vllm:num_requests_running",
+                "model": _QWEN,
+            },
         ),
         (
             SignalKind.ENGINE_PRESSURE,
-            {"requests_waiting": 0, "metric": "vllm:num_requests_waiting", "model": _QWEN},
+            {
+                "engine": "vllm",
+                "requests_waiting": 0,
+                "metric": "vllm:num_requests_waiting",
+                "model": _QWEN,
+            },
         ),
         (
             SignalKind.ENGINE_PRESSURE,
-            {"kv_cache_usage": 0.0, "metric": "vllm:gpu_cache_usage_perc", "model": _QWEN},
+            {
+                "engine": "vllm",
+                "kv_cache_usage": 0.0,
+                "metric": "vllm:gpu_cache_usage_perc",
+                "model": _QWEN,
+            },
         ),
     ]
 

@@ -1,4 +1,4 @@
-"""Fluent Bit records and Vector events -> LogLine."""
+"""Fluent Bit records, Vector events, plain-text lines given an identity -> LogLine."""
 
 from __future__ import annotations
 
@@ -7,9 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from detector.errors import ParseError
+from detector.events.detect import parse_record
+from detector.events.model import SignalKind, SourcePos
+from detector.events.reader import read_records
 from detector.events.sources.fluentbit import parse_fluentbit_record
+from detector.events.sources.raw_text import (
+    LogIdentity,
+    leading_time,
+    parse_json_app_line,
+    split_kubectl_prefix,
+)
 from detector.events.sources.timeparse import parse_iso8601
 from detector.events.sources.vector import parse_vector_event
 
@@ -35,8 +46,11 @@ K8S_VECTOR = {
 
 
 def _rows() -> list[dict[str, Any]]:
-    path = FIXTURES / "sources_envelopes.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return _fixture("sources_envelopes.jsonl")
+
+
+def _fixture(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
 
 
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: r["expect"]["format"])
@@ -170,3 +184,230 @@ def test_vector_rejects(event: dict[str, Any], reason: str) -> None:
     with pytest.raises(ParseError) as err:
         parse_vector_event(event)
     assert err.value.reason == reason
+
+
+# --- plain-text lines given an identity (``parse_record(..., identity=...)``) -----------------
+
+IDENT = LogIdentity("llm", "vllm-llama-7d9f8b6c5d-x2kqz", "vllm", workload="vllm-llama")
+SRC = SourcePos("/tmp/vllm.log", 1)
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+
+
+def _time(value: str | None) -> float | None:
+    return None if value is None else parse_iso8601(value)
+
+
+@pytest.mark.parametrize("row", _fixture("sources_raw_text.jsonl"), ids=lambda r: r["text"][:40])
+def test_real_plain_lines(row: dict[str, Any]) -> None:
+    expect, default = row["expect"], _time(row["default_time"])
+    if "reason" in expect:
+        with pytest.raises(ParseError) as err:
+            parse_record(row["text"], SRC, default_time=default, identity=IDENT)
+        assert err.value.reason == expect["reason"]
+        return
+    signals = parse_record(row["text"], SRC, default_time=default, identity=IDENT)
+    assert [s.kind.value for s in signals] == expect["kinds"]
+    if "{" not in row["text"][:1]:
+        assert leading_time(row["text"], default) == pytest.approx(_time(expect["time"]))
+    else:
+        record = json.loads(row["text"])
+        line = parse_json_app_line(record, row["text"], IDENT, default_time=default)
+        assert line.time == pytest.approx(_time(expect["time"]))
+        assert line.text == expect["text"]
+    for sig in signals:
+        assert sig.time == pytest.approx(_time(expect["time"]))
+        assert (sig.namespace, sig.pod, sig.container) == ("llm", IDENT.pod, "vllm")
+        assert sig.owner == ("Deployment", "vllm-llama")
+
+
+@pytest.mark.parametrize("row", _fixture("sources_raw_text.jsonl"), ids=lambda r: r["text"][:40])
+def test_plain_lines_without_identity_are_unknown(row: dict[str, Any]) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_record(row["text"], SRC, default_time=_time(row["default_time"]))
+    assert err.value.reason == "unknown_format"
+
+
+_D = "2025-03-14T10:00:00Z"  # a default time
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "expected"),
+    [
+        ("2024-03-14T09:00:01.123456Z  INFO text_generation_launcher: x", None,
+         "2024-03-14T09:00:01.123456Z"),
+        ("2024-03-14 09:00:01,123 - vllm - ERROR - x", None, "2024-03-14T09:00:01.123Z"),
+        ("2024-03-14T09:00:01+01:00 x", None, "2024-03-14T08:00:01Z"),
+        ("[2024-03-14 09:00:01] x", None, "2024-03-14T09:00:01Z"),
+        ("INFO 03-14 09:00:01 api_server.py:212] vLLM API server", "2025-03-20T00:00:00Z",
+         "2025-03-14T09:00:01Z"),
+        ("WARNING 12-31 23:59:59 [x.py:1] y", "2025-01-01T00:00:05Z", "2024-12-31T23:59:59Z"),
+        ("INFO 01-01 00:00:01 [x.py:1] y", "2024-12-31T23:59:00Z", "2025-01-01T00:00:01Z"),
+        ("INFO 02-29 10:00:00 [x.py:1] leap day", "2025-03-01T00:00:00Z", "2024-02-29T10:00:00Z"),
+        ("(RayWorkerWrapper pid=1234, ip=10.0.0.1) INFO 03-14 09:00:01 x", _D,
+         "2025-03-14T09:00:01Z"),
+        ("I0314 09:00:01.123456   12345 server.go:1] x", _D, "2025-03-14T09:00:01.123456Z"),
+        ("[23:59:58 TP0] Decode batch.", "2025-03-15T00:00:03Z", "2025-03-14T23:59:58Z"),
+        ("Traceback (most recent call last):", _D, _D),
+        ("INFO: Started server process [1]", _D, _D),
+        ("2024-03-14T09:00:01.123456Zextra", _D, _D),
+    ],
+)  # fmt: skip
+def test_leading_time(text: str, default: str | None, expected: str) -> None:
+    assert leading_time(text, _time(default)) == pytest.approx(parse_iso8601(expected))
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "reason"),
+    [
+        ("INFO 03-14 09:00:01 [x.py:1] y", None, "missing_timestamp"),  # no year
+        ("I0314 09:00:01.123456 1 x.go:1] y", None, "missing_timestamp"),
+        ("[09:00:01 TP0] y", None, "missing_timestamp"),  # no date
+        ("plain", None, "missing_timestamp"),
+        ("INFO 13-45 09:00:01 [x.py:1] y", 1.7e9, "bad_timestamp"),
+        ("INFO 02-30 09:00:01 [x.py:1] y", 1.7e9, "bad_timestamp"),
+        ("[25:61:61 TP0] y", 1.7e9, "bad_timestamp"),
+        ("2024-13-01T00:00:00Z x", None, "bad_timestamp"),
+        ("INFO 03-14 09:00:01 [x.py:1] y", 1e300, "bad_timestamp"),  # default out of range
+    ],
+)
+def test_leading_time_rejects(text: str, default: float | None, reason: str) -> None:
+    with pytest.raises(ParseError) as err:
+        leading_time(text, default)
+    assert err.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("workload", "owner"),
+    [
+        (None, None),
+        ("vllm-llama", ("Deployment", "vllm-llama")),
+        ("StatefulSet/vllm", ("StatefulSet", "vllm")),
+        ("/x", ("Deployment", "/x")),
+    ],
+)
+def test_identity_owner(workload: str | None, owner: tuple[str, str] | None) -> None:
+    assert LogIdentity("llm", "p", workload=workload).owner == owner
+
+
+def test_known_formats_win_over_the_given_identity() -> None:
+    """Given an identity, records of a known format still parse as that format."""
+    access = (
+        '10.0.0.9 - - [17/Dec/2024:10:00:01 +0000] "POST /v1/chat/completions HTTP/1.1" 502 150 '
+        '"-" "python-requests/2.31.0" 1024 0.850 [llm-vllm-llama-8000] [] 10.244.1.7:8000 0 0.849 '
+        "502 ab"
+    )
+    (sig,) = parse_record(access, SRC, identity=IDENT)
+    assert sig.kind is SignalKind.LB_RESPONSE and sig.pod is None
+    (sig,) = parse_record('vllm:num_requests_waiting{model_name="m"} 7', SRC, default_time=1.0,
+                          identity=IDENT)  # fmt: skip
+    assert sig.attrs["requests_waiting"] == 7 and sig.pod is None
+    fluent = {"@timestamp": 1.0, "log": "x", "kubernetes": {"pod_name": "a", "namespace_name": "b"}}
+    assert parse_record(json.dumps(fluent), SRC, identity=IDENT) == []
+    assert parse_record("# HELP vllm:x y", SRC, identity=IDENT) == []
+
+
+def test_truncated_json_stays_malformed_even_with_an_identity() -> None:
+    path = CORPUS / "envelopes" / "tgi_json_output_C_v3_router_top_level_message_TRUNCATED.log"
+    if not path.exists():
+        pytest.skip("corpus not found")
+    with pytest.raises(ParseError) as err:
+        parse_record(path.read_bytes().strip(), SRC, identity=IDENT)
+    assert err.value.reason == "malformed_json"
+
+
+def test_tgi_json_log_line_with_an_identity() -> None:
+    """TGI's JSON logs (its top-level ``message`` layout) are the pod's own lines."""
+    record = {
+        "timestamp": "2025-08-29T14:40:17.288163Z",
+        "level": "ERROR",
+        "message": "Request failed during generation: Server error: CUDA out of memory. Tried to "
+        "allocate 2.00 GiB",
+        "target": "text_generation_router_v3::backend",
+    }
+    (sig,) = parse_record(json.dumps(record), SRC, identity=IDENT)
+    assert sig.time == pytest.approx(parse_iso8601("2025-08-29T14:40:17.288163Z"))
+    assert sig.text.startswith("Request failed during generation")
+    with pytest.raises(ParseError) as err:
+        parse_record(json.dumps(record), SRC)
+    assert err.value.reason == "unknown_format"
+    del record["timestamp"]
+    with pytest.raises(ParseError) as err:
+        parse_record(json.dumps(record), SRC, identity=IDENT)
+    assert err.value.reason == "missing_timestamp"
+
+
+# --- kubectl logs --prefix -----------------------------------------------------------------
+
+
+def test_corpus_vector_lines_behind_a_kubectl_prefix() -> None:
+    """``[vector-h6qzw vector] {event}``: the prefix is the shipper pod; the event names its own."""
+    path = CORPUS / "envelopes" / "vector_kubernetes_logs_2020_kubectl_prefix.log"
+    if not path.exists():
+        pytest.skip("corpus not found")
+    for source, raw in read_records([path]):
+        assert parse_record(raw, source) == []  # coredns lines: no signal
+        prefix, event = raw.decode().split("] ", 1)
+        record = json.loads(event)
+        record["message"] = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        (sig,) = parse_record(f"{prefix}] {json.dumps(record)}", source, identity=IDENT)
+        assert (sig.namespace, sig.pod, sig.container) == (
+            "kube-system",
+            "coredns-fd565d9f8-xdrjp",
+            "coredns",
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "pod", "container", "rest"),
+    [
+        ("[pod/vllm-0/vllm] INFO 03-14 09:00:01 x", "vllm-0", "vllm", "INFO 03-14 09:00:01 x"),
+        ("[vllm-0 vllm] x", "vllm-0", "vllm", "x"),
+        ("[pod/k8s-master-192.168.1.30/scheduler] x", "k8s-master-192.168.1.30", "scheduler", "x"),
+    ],
+)
+def test_kubectl_prefix(text: str, pod: str, container: str, rest: str) -> None:
+    assert split_kubectl_prefix(text) == (pod, container, rest)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[2025-01-06 02:58:11 TP0] x", "[04:40:55 TP0] x", "[debug] x", "[1, 2]", "[Pod/A/b] x"],
+)
+def test_not_a_kubectl_prefix(text: str) -> None:
+    assert split_kubectl_prefix(text) is None
+
+
+def test_kubectl_prefixed_plain_line() -> None:
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    (sig,) = parse_record(f"[pod/vllm-1/vllm] {oom}", SRC, default_time=5.0)
+    assert (sig.namespace, sig.pod, sig.container, sig.time) == (None, "vllm-1", "vllm", 5.0)
+    line = f"[pod/vllm-1/vllm] 2024-03-14T09:00:01Z {oom}"
+    (sig,) = parse_record(line, SRC, identity=IDENT)
+    assert (sig.namespace, sig.pod, sig.container) == ("llm", "vllm-1", "vllm")
+    assert sig.time == parse_iso8601("2024-03-14T09:00:01Z")
+
+
+# --- any input: ParseError or a result, never another exception ---------------------------
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=200), st.sampled_from([None, 1.7e9, 0.0, 1e300]))
+def test_plain_text_any(text: str, default: float | None) -> None:
+    try:
+        signals = parse_record(text, SRC, default_time=default, identity=IDENT)
+    except ParseError as exc:
+        assert exc.reason
+        return
+    assert all(isinstance(s.time, float) for s in signals)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet="0123456789-:.,TZ +[]()IWEFNOAR pid=", max_size=60),
+    st.sampled_from([None, 1.7e9, 0.0]),
+)
+def test_leading_time_any(text: str, default: float | None) -> None:
+    try:
+        assert leading_time(text, default) >= 0
+    except ParseError as exc:
+        assert exc.reason in ("missing_timestamp", "bad_timestamp")

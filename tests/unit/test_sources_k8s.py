@@ -1,4 +1,4 @@
-"""Kubernetes Pods and Events -> CRASH_LOOP / HOST_OOM / POD_READY."""
+"""Kubernetes Pods, Events and the event shippers' records -> CRASH_LOOP / HOST_OOM / POD_READY."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from detector.errors import ParseError
+from detector.events.detect import MAX_DOCUMENT_BYTES, MAX_RECORD_BYTES, parse_record
 from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.reader import read_records
 from detector.events.sources.k8s_event import signals_from_event
 from detector.events.sources.k8s_pod import owner_from_refs, signals_from_pod
 from detector.events.sources.timeparse import parse_iso8601
@@ -380,3 +382,208 @@ def test_event_without_any_time() -> None:
     bad["lastTimestamp"] = "last tuesday"
     with pytest.raises(ParseError):
         signals_from_event(bad, SRC)
+
+
+# --- events.k8s.io/v1 and the event shippers' records -------------------------------------------
+
+
+def _krane_event() -> dict[str, Any]:
+    (row,) = [r for r in _rows("sources_k8s_events.jsonl") if "krane" in r["source"]]
+    event: dict[str, Any] = copy.deepcopy(row["event"])
+    return event
+
+
+def test_events_k8s_io_deprecated_fields() -> None:
+    """The real events.k8s.io item as a BackOff: time and count from the deprecated* fields."""
+    event = _krane_event()
+    event.update(reason="BackOff", note="Back-off restarting failed container vllm in pod pvc")
+    (sig,) = signals_from_event(event, SRC)
+    assert sig.kind is SignalKind.CRASH_LOOP
+    assert sig.time == parse_iso8601("2020-01-17T04:41:48Z")  # deprecatedLastTimestamp
+    assert sig.attrs == {"reason": "BackOff", "count": 25}  # deprecatedCount
+    assert (sig.namespace, sig.pod, sig.container) == (
+        "k8sdeploy-test-pvc-no-pv-cfe011ad17574fc0",  # from metadata: regarding has none
+        "pvc",
+        "vllm",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, "2020-01-17T04:41:48Z"),
+        ({"series": {"count": 30, "lastObservedTime": "2020-01-17T04:50:00.000001Z"}},
+         "2020-01-17T04:41:48Z"),  # deprecatedLastTimestamp is the core/v1 lastTimestamp
+        ({"deprecatedLastTimestamp": None,
+          "series": {"count": 30, "lastObservedTime": "2020-01-17T04:50:00.000001Z"}},
+         "2020-01-17T04:50:00.000001Z"),
+        ({"deprecatedLastTimestamp": None, "eventTime": "2020-01-17T04:45:00.123456Z"},
+         "2020-01-17T04:45:00.123456Z"),
+        ({"deprecatedLastTimestamp": None}, "2020-01-17T04:41:19Z"),  # deprecatedFirstTimestamp
+    ],
+)  # fmt: skip
+def test_events_k8s_io_time_order(fields: dict[str, Any], expected: str) -> None:
+    event = _krane_event()
+    event.update(reason="BackOff", note="Back-off restarting failed container", **fields)
+    (sig,) = signals_from_event(event, SRC)
+    assert sig.time == parse_iso8601(expected)
+
+
+@pytest.mark.parametrize(
+    ("fields", "node"),
+    [
+        ({"deprecatedSource": {"component": "kubelet", "host": "gpu-node-1"}}, "gpu-node-1"),
+        (
+            {"reportingController": "kubelet", "reportingInstance": "gpu-node-2",
+             "deprecatedSource": {}},
+            "gpu-node-2",
+        ),
+        ({"reportingController": "default-scheduler", "reportingInstance": "x"}, None),
+    ],
+)  # fmt: skip
+def test_events_k8s_io_node(fields: dict[str, Any], node: str | None) -> None:
+    event = _krane_event()
+    event.update(reason="BackOff", note="Back-off restarting failed container", **fields)
+    assert signals_from_event(event, SRC)[0].node == node
+
+
+CORPUS_K8S = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "k8s"
+
+
+@pytest.mark.parametrize(
+    ("name", "envelope", "identity"),
+    [
+        (  # OpenShift eventrouter: {"verb", "event"}
+            "event_core_v1_openshift_eventrouter_envelope.jsonl",
+            ("event",),
+            {"pod": "redhat-operators-w8svm", "namespace": "openshift-marketplace",
+             "container": "registry-server", "node": "master-0"},
+        ),
+        (  # OpenTelemetry stanza k8s_event_input: {"timestamp", "body"}; pretty-printed file
+            "event_core_v1_otel_stanza_k8s_event_input.json",
+            ("body",),
+            {"pod": "stanza-g6rzd", "namespace": "default", "container": "stanza",
+             "node": "kube-master-1"},
+        ),
+        (  # Fluent Bit kubernetes_events input: the Event plus "date"
+            "events_fluentbit_kubernetes_events_input.jsonl",
+            (),
+            {"pod": None, "namespace": None, "node": "events-exporter-test-control-plane"},
+        ),
+        (  # kubernetes-event-exporter: enriched involvedObject, clusterName
+            "kubernetes_event_exporter_stdout_sink.jsonl",
+            (),
+            {"pod": None, "namespace": "monitoring", "owner": ("Deployment", "event-exporter")},
+        ),
+    ],
+)  # fmt: skip
+def test_corpus_event_records(
+    name: str, envelope: tuple[str, ...], identity: dict[str, Any]
+) -> None:
+    """Each shipper's record parses (Normal events: no signal); as a BackOff it names its pod."""
+    path = CORPUS_K8S / name
+    if not path.exists():
+        pytest.skip("corpus not found")
+    records = list(read_records([path]))
+    for source, raw in records:
+        assert parse_record(raw, source) == []
+    record = json.loads(records[0][1])
+    target = record
+    for key in envelope:
+        target = target[key]
+    target.update(reason="BackOff", message="Back-off restarting failed container", count=2)
+    (sig,) = parse_record(json.dumps(record), SRC)
+    assert sig.kind is SignalKind.CRASH_LOOP and sig.attrs["count"] == 2
+    for key, value in identity.items():
+        assert getattr(sig, key) == value, key
+
+
+# --- kubectl get pods -o json at real size ---------------------------------------------------
+
+
+def _listed_pod(i: int) -> dict[str, Any]:
+    """A vLLM pod as ``kubectl get pods -o json`` lists it (managedFields, env, volumes ...)."""
+    name = f"vllm-llama-7d9f8b6c5d-{i:05d}"
+    pod = _vllm_pod(
+        phase="Running",
+        startTime="2024-12-17T09:00:00Z",
+        conditions=[
+            {"type": t, "status": "True", "lastProbeTime": None,
+             "lastTransitionTime": "2024-12-17T09:05:00Z"}
+            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                      "PodScheduled")
+        ],
+        containerStatuses=[_cs(restartCount=0, ready=True, state={
+            "running": {"startedAt": "2024-12-17T09:01:00Z"}},
+            image="vllm/vllm-openai:v0.6.3", imageID="docker.io/vllm/vllm-openai@sha256:" + "a" * 9,
+            containerID="containerd://" + f"{i:064x}", started=True)],
+        podIP=f"10.244.{i // 250}.{i % 250}",
+        hostIP="192.0.2.10",
+        qosClass="Burstable",
+    )  # fmt: skip
+    pod["metadata"].update(
+        name=name,
+        uid=f"32283a8b-c42f-4552-90e0-{i:012d}",
+        resourceVersion=str(1000 + i),
+        creationTimestamp="2024-12-17T09:00:00Z",
+        generateName="vllm-llama-7d9f8b6c5d-",
+        annotations={"prometheus.io/scrape": "true", "prometheus.io/port": "8000"},
+        managedFields=[
+            {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+             "time": "2024-12-17T09:00:00Z", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:metadata": {"f:generateName": {}, "f:labels": {".": {},
+                          "f:app": {}, "f:pod-template-hash": {}}},
+                          "f:spec": {"f:containers": {'k:{"name":"vllm"}': {".": {}, "f:args": {},
+                          "f:image": {}, "f:resources": {}}}}}},
+            {"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+             "time": "2024-12-17T09:05:00Z", "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:conditions": {}, "f:containerStatuses": {},
+                          "f:podIP": {}, "f:startTime": {}}}},
+        ],
+    )  # fmt: skip
+    pod["spec"].update(
+        containers=[{
+            "name": "vllm", "image": "vllm/vllm-openai:v0.6.3",
+            "args": ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768",
+                     "--gpu-memory-utilization", "0.90", "--max-num-seqs", "256"],
+            "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}},
+                    {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}],
+            "ports": [{"containerPort": 8000, "name": "http", "protocol": "TCP"}],
+            "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "64Gi"},
+                          "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}},
+            "readinessProbe": {"httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+                               "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 1},
+            "volumeMounts": [{"mountPath": "/root/.cache/huggingface", "name": "cache"},
+                             {"mountPath": "/dev/shm", "name": "shm"}],
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+        volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": "hf-cache"}},
+                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        restartPolicy="Always", schedulerName="default-scheduler", dnsPolicy="ClusterFirst",
+        serviceAccountName="default", terminationGracePeriodSeconds=30,
+    )  # fmt: skip
+    return pod
+
+
+def test_a_400_pod_list_is_not_too_large(tmp_path: Path) -> None:
+    """``kubectl get pods -o json`` of 400 pods: one pretty-printed record over 1 MiB."""
+    document = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}}
+    document["items"] = [_listed_pod(i) for i in range(400)]
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps(document, indent=4) + "\n")
+    ((source, raw),) = list(read_records([path]))
+    assert len(raw) > MAX_RECORD_BYTES
+    signals = parse_record(raw, source)
+    assert [s.kind for s in signals] == [SignalKind.POD_READY] * 400
+    assert signals[399].pod == "vllm-llama-7d9f8b6c5d-00399"
+    with pytest.raises(ParseError) as err:  # the same list on one line is a runaway record
+        parse_record(json.dumps(document), source)
+    assert err.value.reason == "too_large"
+
+
+def test_documents_over_the_document_limit_are_too_large() -> None:
+    raw = "{\n" + " " * MAX_DOCUMENT_BYTES + "}"
+    with pytest.raises(ParseError) as err:
+        parse_record(raw, SRC)
+    assert err.value.reason == "too_large"

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from detector.errors import ParseError
-from detector.events.model import SignalKind, SourcePos
+from detector.events.detect import parse_record
+from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.reader import read_records
 from detector.events.sources.dcgm import parse_labels, signals_from_exposition_line
 from detector.events.sources.prom_kafka_adapter import signals_from_adapter_sample
 
@@ -81,8 +83,8 @@ def test_gpu_memory(line: str, attr: str, value: int) -> None:
         ('vllm:num_requests_waiting{model_name="m"} 42.0', {"requests_waiting": 42}),
         ('vllm:num_requests_running{model_name="m"} 256.0', {"requests_running": 256}),
         ('vllm:num_preemptions_total{model_name="m"} 1234.0', {"preemptions": 1234}),
-        ("sglang:token_usage 0.5", {"kv_cache_usage": 0.5}),
-        ("tgi_queue_size 7", {"requests_waiting": 7}),
+        ("sglang:token_usage 0.5", {"kv_cache_usage": 0.5, "engine": "sglang"}),
+        ("tgi_queue_size 7", {"requests_waiting": 7, "engine": "tgi"}),
     ],
 )
 def test_engine_pressure(line: str, attrs: dict[str, Any]) -> None:
@@ -267,3 +269,52 @@ def test_adapter_rejects(sample: dict[str, Any], reason: str) -> None:
     with pytest.raises(ParseError) as err:
         signals_from_adapter_sample(sample, SRC)
     assert err.value.reason == reason
+
+
+# --- shared GPUs: one device, several pods (MPS, MIG) ----------------------------------------
+
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "gpu_metrics"
+
+
+def _corpus_signals(name: str) -> list[Signal]:
+    path = CORPUS / name
+    if not path.exists():
+        pytest.skip("corpus not found")
+    return [
+        s for src, raw in read_records([path]) for s in parse_record(raw, src, default_time=SCRAPE)
+    ]
+
+
+def test_mps_shared_gpu_signals_carry_one_device_uuid() -> None:
+    """dcgm-exporter repeats the device's FB_USED once per pod under MPS: same uuid, never summed.
+
+    The correlator keys GPU memory on ``uuid``, so the two pods' signals describe one device.
+    """
+    burn, vllm = _corpus_signals("dcgm_exporter_mps_shared_gpu_vllm_duplicate_fb_used.prom")
+    assert burn.attrs["uuid"] == vllm.attrs["uuid"] == "GPU-3bc239e1-4cc8-97e4-e817-5a36dfd2885e"
+    assert burn.attrs["used_bytes"] == vllm.attrs["used_bytes"] == 15866 * MIB
+    assert (burn.pod, burn.namespace) == ("gpu-burn-deployment-1-85dc8ff699-clvh5", "default")
+    assert (vllm.pod, vllm.namespace, vllm.container) == (
+        "vllm-medgemma-4b-it-d599b4c99-f95nk",
+        "vllm-inference",
+        "vllm",
+    )
+    assert burn.node == vllm.node == "gke-gpu-node-mps-01"
+
+
+def test_mig_instances_are_devices_of_their_own() -> None:
+    full, mig = _corpus_signals("dcgm_exporter_lowercase_hostname_label_triton.prom")
+    assert full.attrs["uuid"] == "GPU-fc60126e-514d-3522-2828-c5daa8e99d85"
+    assert mig.attrs["uuid"] == "GPU-63bc0b91-2265-1b94-831c-15c41fe92675/mig3"
+    assert mig.pod == "triton-server-f7cb5d77-95xcf" and mig.node == "dcgm-exporter-wwwjh"
+
+
+def test_mig_instance_uuid_in_adapter_samples() -> None:
+    sample = {
+        "timestamp": "2024-12-17T10:00:01Z",
+        "value": "9000",
+        "name": "DCGM_FI_DEV_FB_USED",
+        "labels": {"UUID": "GPU-1", "GPU_I_ID": "2", "gpu": "0", "pod": "vllm-0"},
+    }
+    (sig,) = signals_from_adapter_sample(sample, SRC)
+    assert sig.attrs["uuid"] == "GPU-1/mig2"

@@ -5,11 +5,12 @@ One exposition line is one record: ``name{label="value",...} value [timestamp_ms
 nothing. Mapped metrics:
 
 - dcgm-exporter ``DCGM_FI_DEV_FB_USED`` / ``_FREE`` / ``_TOTAL`` (MiB) -> GPU_MEMORY
-  ``used_bytes`` / ``free_bytes`` / ``total_bytes``;
-- vLLM ``vllm:gpu_cache_usage_perc`` (V0) / ``vllm:kv_cache_usage_perc`` (V1),
-  ``vllm:num_requests_waiting`` / ``_running``, ``vllm:num_preemptions_total``, and the SGLang
-  and TGI equivalents -> ENGINE_PRESSURE ``kv_cache_usage`` (0..1), ``requests_waiting``,
-  ``requests_running``, ``preemptions``.
+  ``used_bytes`` / ``free_bytes`` / ``total_bytes``, with the device ``uuid`` (a MIG instance:
+  the UUID plus its ``GPU_I_ID``). With MPS or MIG sharing, dcgm-exporter repeats one device's
+  value once per pod: the signals carry the same ``uuid`` and the correlator keys on it, so
+  they are never summed;
+- serving-engine gauges and counters (vLLM, TGI, SGLang) -> ENGINE_PRESSURE, mapped by
+  ``detector.events.sources.engine_metrics``.
 
 Sources: https://prometheus.io/docs/instrumenting/exposition_formats/ ,
 https://docs.nvidia.com/datacenter/dcgm/latest/dcgm-api/dcgm-api-field-ids.html ,
@@ -24,6 +25,7 @@ from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.sources.engine_metrics import ENGINE_METRICS, engine_pressure_attrs
 from detector.events.sources.timeparse import parse_epoch
 
 MAX_TEXT_CHARS = 2048
@@ -33,19 +35,6 @@ GPU_MEMORY_METRICS: dict[str, str] = {
     "DCGM_FI_DEV_FB_USED": "used_bytes",
     "DCGM_FI_DEV_FB_FREE": "free_bytes",
     "DCGM_FI_DEV_FB_TOTAL": "total_bytes",
-}
-# metric -> (attr, is_count)
-ENGINE_METRICS: dict[str, tuple[str, bool]] = {
-    "vllm:gpu_cache_usage_perc": ("kv_cache_usage", False),
-    "vllm:kv_cache_usage_perc": ("kv_cache_usage", False),
-    "vllm:num_requests_waiting": ("requests_waiting", True),
-    "vllm:num_requests_running": ("requests_running", True),
-    "vllm:num_preemptions_total": ("preemptions", True),
-    "sglang:token_usage": ("kv_cache_usage", False),
-    "sglang:num_queue_reqs": ("requests_waiting", True),
-    "sglang:num_running_reqs": ("requests_running", True),
-    "tgi_queue_size": ("requests_waiting", True),
-    "tgi_batch_current_size": ("requests_running", True),
 }
 KNOWN_METRICS = frozenset(GPU_MEMORY_METRICS) | frozenset(ENGINE_METRICS)
 
@@ -110,7 +99,7 @@ def signal_from_sample(
 
     GPU_MEMORY attrs: used_bytes | free_bytes | total_bytes (MiB x 1048576), gpu, uuid (the
     device UUID, suffixed "/mig<GPU_I_ID>" for a MIG instance), metric. ENGINE_PRESSURE attrs:
-    one of kv_cache_usage / requests_waiting / requests_running / preemptions, metric, model.
+    see ``engine_metrics.engine_pressure_attrs`` (engine, kv_cache_usage, requests_waiting ...).
     """
     mapped = _sample_attrs(name, labels, value)
     if mapped is None:
@@ -147,14 +136,8 @@ def _sample_attrs(
         memory: dict[str, Any] = {field: int(size), "gpu": labels.get("gpu"), "uuid": uuid}
         memory["metric"] = name
         return SignalKind.GPU_MEMORY, memory
-    engine = ENGINE_METRICS.get(name)
-    if engine is None:
-        return None
-    attr, is_count = engine
-    attrs: dict[str, Any] = {attr: int(value) if is_count else value, "metric": name}
-    if "model_name" in labels:
-        attrs["model"] = labels["model_name"]
-    return SignalKind.ENGINE_PRESSURE, attrs
+    attrs = engine_pressure_attrs(name, labels, value)
+    return (SignalKind.ENGINE_PRESSURE, attrs) if attrs is not None else None
 
 
 def parse_labels(block: str) -> dict[str, str]:

@@ -3,8 +3,12 @@
 Shapes read: the core/v1 Event (``reason``, ``message``, ``involvedObject``, ``count``,
 ``firstTimestamp`` / ``lastTimestamp`` / ``eventTime``, ``series``), kubernetes-event-exporter's
 version of it (``clusterName``, ``involvedObject`` enriched with labels and ownerReferences),
-and events.k8s.io/v1 (``regarding``, ``note``, ``deprecatedCount``). Envelopes (eventrouter,
-OpenTelemetry, Fluent Bit) are unwrapped by ``detector.events.detect``.
+and events.k8s.io/v1 (``regarding``, ``note``, ``series.count`` / ``deprecatedCount``,
+``eventTime`` / ``series.lastObservedTime`` / ``deprecatedLastTimestamp``,
+``reportingController`` / ``reportingInstance``, ``deprecatedSource``). Envelopes (OpenShift
+eventrouter ``event``, OpenTelemetry stanza ``body``, watch ``object``) are unwrapped by
+``detector.events.detect``; Fluent Bit's ``kubernetes_events`` input sends the Event itself
+plus a ``date``.
 
 - BackOff "Back-off restarting failed container ..." (and the FailedSync "CrashLoopBackOff"
   wording of Kubernetes <= 1.7) -> CRASH_LOOP, attrs reason, count;
@@ -35,8 +39,9 @@ def signals_from_event(
 ) -> list[Signal]:
     """Return the signal one Kubernetes Event carries (at most one).
 
-    Time: lastTimestamp, series.lastObservedTime, eventTime, firstTimestamp, then
-    metadata.creationTimestamp, then ``default_time``. Raises ``ParseError("missing_field")``
+    Time: lastTimestamp (events.k8s.io/v1: deprecatedLastTimestamp), series.lastObservedTime,
+    eventTime, firstTimestamp (deprecatedFirstTimestamp), then metadata.creationTimestamp, then
+    ``default_time``. Raises ``ParseError("missing_field")``
     for a signalling event without any time, ``"bad_timestamp"`` for an unparseable one.
     Format: https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/
     """
@@ -96,9 +101,11 @@ def _event_time(event: dict[str, Any], default_time: float | None) -> float:
     series, meta = event.get("series"), event.get("metadata")
     candidates = (
         event.get("lastTimestamp"),
+        event.get("deprecatedLastTimestamp"),
         series.get("lastObservedTime") if isinstance(series, dict) else None,
         event.get("eventTime"),
         event.get("firstTimestamp"),
+        event.get("deprecatedFirstTimestamp"),
         meta.get("creationTimestamp") if isinstance(meta, dict) else None,
     )
     for value in candidates:
@@ -135,8 +142,11 @@ def _node(event: dict[str, Any], obj: dict[str, Any]) -> str | None:
     if obj.get("kind") == "Node":
         return str_or_none(obj.get("name"))
     src = event.get("source")
+    if not isinstance(src, dict):
+        src = event.get("deprecatedSource")  # events.k8s.io/v1
     host = src.get("host") if isinstance(src, dict) else None
-    if host is None and event.get("reportingComponent") == "kubelet":
+    reporter = event.get("reportingComponent") or event.get("reportingController")
+    if host is None and reporter == "kubelet":
         host = event.get("reportingInstance")
     return str_or_none(host)
 

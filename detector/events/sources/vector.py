@@ -15,6 +15,7 @@ from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import LogLine
+from detector.events.sources.cri import NO_IDENTITY, identity_from_log_path
 from detector.events.sources.timeparse import first_time, str_map, str_or_none
 
 _TIME_KEYS = ("timestamp", "@timestamp", "time")
@@ -44,7 +45,8 @@ def parse_vector_event(event: dict[str, Any], *, default_time: float | None = No
     pod = str_or_none(k8s.get("pod_name"))
     container = str_or_none(k8s.get("container_name"))
     if container is None or pod is None or namespace is None:
-        from_path = _identity_from_path(event.get("file"))
+        path = event.get("file")
+        from_path = identity_from_log_path(path) if isinstance(path, str) else NO_IDENTITY
         namespace = namespace or from_path[0]
         pod = pod or from_path[1]
         container = container or from_path[2]
@@ -68,16 +70,3 @@ def _owner(value: Any) -> tuple[str, str] | None:
         return None
     kind, sep, name = value.partition("/")
     return (kind, name) if sep and kind and name else None
-
-
-def _identity_from_path(path: Any) -> tuple[str | None, str | None, str | None]:
-    """Read (namespace, pod, container) from ``/var/log/pods/<ns>_<pod>_<uid>/<container>/``."""
-    if not isinstance(path, str):
-        return None, None, None
-    parts = path.split("/")
-    if len(parts) < 4 or parts[-4] != "pods":
-        return None, None, None
-    pod_dir = parts[-3].split("_")
-    if len(pod_dir) != 3:
-        return None, None, parts[-2] or None
-    return pod_dir[0] or None, pod_dir[1] or None, parts[-2] or None
