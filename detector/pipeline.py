@@ -24,6 +24,7 @@ from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos
 from detector.events.reader import iter_files, read_records
+from detector.events.sources.raw_text import LogIdentity
 from detector.incidents import service
 from detector.incidents.flows import IncidentFlows
 from detector.incidents.schemas import IncidentOut, VerdictOut
@@ -70,7 +71,11 @@ class Parsed:
 
 
 def parse_stream(
-    records: Iterable[tuple[SourcePos, bytes]], *, max_time: float = float("inf")
+    records: Iterable[tuple[SourcePos, bytes]],
+    *,
+    max_time: float = float("inf"),
+    start_time: float | None = None,
+    identity: LogIdentity | None = None,
 ) -> Iterator[Parsed]:
     """Parse one stream's records in order, keyed for the merge by the stream's clock.
 
@@ -80,13 +85,17 @@ def parse_stream(
     when the next ``JUMP_VOTES`` records with signals all fall back far behind it, it had a
     broken clock and is rejected (``timestamp_jump``) instead of stalling the whole stream;
     as soon as one follows it, the stream really moved on and it is kept.
+
+    ``start_time`` (e.g. the file's modification time) dates records that carry no date or
+    year until the stream has a clock; ``identity`` names the pod of plain-text lines.
     """
     clock = 0.0
     held: Parsed | None = None
     against = 0  # records since ``held`` that fell far behind it
     for source, raw in records:
         try:
-            signals = parse_record(raw, source, default_time=clock or None)
+            default = clock or start_time
+            signals = parse_record(raw, source, default_time=default, identity=identity)
             if signals and not MIN_TIME <= signals[0].time <= max_time:
                 raise ParseError("timestamp_out_of_range", f"event time {signals[0].time:.0f}")
         except ParseError as exc:
@@ -114,11 +123,18 @@ def parse_stream(
         yield held
 
 
-def merged(paths: Iterable[str | Path]) -> Iterator[Parsed]:
+def merged(paths: Iterable[str | Path], identity: LogIdentity | None = None) -> Iterator[Parsed]:
     """Merge the parsed streams of all files by event time (times up to a day from now)."""
     max_time = time.time() + 86400.0
-    files = iter_files(paths)
-    streams = [parse_stream(read_records([path]), max_time=max_time) for path in files]
+    streams = [
+        parse_stream(
+            read_records([path]),
+            max_time=max_time,
+            start_time=path.stat().st_mtime,
+            identity=identity,
+        )
+        for path in iter_files(paths)
+    ]
     return heapq.merge(*streams, key=lambda p: p.time)
 
 
@@ -127,10 +143,12 @@ def replay(
     settings: Settings,
     *,
     progress: Callable[[int], None] | None = None,
+    identity: LogIdentity | None = None,
 ) -> ReplayResult:
     """Run recorded files through the pipeline and store the result.
 
-    ``progress`` is called with the byte size of each record read. Raises
+    ``progress`` is called with the byte size of each record read; ``identity`` names the
+    pod of plain-text log lines (files that are one pod's raw log). Raises
     FileNotFoundError for a missing path, ConfigError/RunbookError/StoreError on bad setup.
     """
     correlator = Correlator(
@@ -143,7 +161,7 @@ def replay(
     make_session = db.session_factory(engine)
     try:
         session = make_session()
-        for parsed in merged(paths):
+        for parsed in merged(paths, identity):
             counts.read += 1
             if progress is not None:
                 progress(len(parsed.raw) + 1)

@@ -18,6 +18,7 @@ from detector.cli.report import render_report, to_document
 from detector.config import Settings
 from detector.errors import ConfigError, DetectorError
 from detector.events.reader import total_bytes
+from detector.events.sources.raw_text import LogIdentity
 from detector.pipeline import ReplayResult, replay
 
 app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
@@ -48,14 +49,30 @@ def replay_cmd(
     workloads: Annotated[
         Path | None, typer.Option(help="YAML mapping of upstream names to workloads")
     ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="namespace of plain-text log lines (with --pod)")
+    ] = None,
+    pod: Annotated[str | None, typer.Option(help="pod that wrote plain-text log lines")] = None,
+    container: Annotated[str | None, typer.Option(help="container of plain-text lines")] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="owner of --pod: NAME (Deployment) or KIND/NAME")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run)."""
+    """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run).
+
+    Plain-text logs (one pod's raw log, e.g. from kubectl logs) need --namespace and --pod.
+    """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     err = Console(stderr=True)
     try:
         settings = _settings(database_url, workloads)
-        result = _run_replay(paths, settings, show_progress=not as_json, console=err)
+        identity = None
+        if namespace or pod:
+            identity = LogIdentity(namespace, pod, container, workload, settings.cluster)
+        result = _run_replay(
+            paths, settings, show_progress=not as_json, console=err, identity=identity
+        )
     except (DetectorError, FileNotFoundError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
@@ -66,15 +83,21 @@ def replay_cmd(
 
 
 def _run_replay(
-    paths: list[Path], settings: Settings, *, show_progress: bool, console: Console
+    paths: list[Path],
+    settings: Settings,
+    *,
+    show_progress: bool,
+    console: Console,
+    identity: LogIdentity | None,
 ) -> ReplayResult:
     size = total_bytes(paths)
     if not show_progress or size < PROGRESS_MIN_BYTES:
-        return replay(paths, settings)
+        return replay(paths, settings, identity=identity)
     columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("replay", total=size)
-        return replay(paths, settings, progress=lambda n: bar.advance(task, n))
+        advance = lambda n: bar.advance(task, n)  # noqa: E731
+        return replay(paths, settings, progress=advance, identity=identity)
 
 
 @app.command("migrate")

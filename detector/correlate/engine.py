@@ -255,6 +255,11 @@ def _response_count(ws: WorkloadState, sig: Signal) -> int:
     total = sig.attrs.get("counter_total")
     if total is None:
         return int(sig.attrs.get("count") or 1)
+    metric = sig.attrs.get("metric")
+    if metric == "envoy_cluster_upstream_rq":
+        ws.per_code_counters = True
+    elif metric == "envoy_cluster_upstream_rq_xx" and ws.per_code_counters:
+        return 0  # the same requests as the per-code series: count them once
     series = str(sig.attrs.get("series"))
     last = ws.counters.get(series)
     ws.counters[series] = float(total)

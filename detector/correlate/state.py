@@ -110,6 +110,7 @@ class WorkloadState:
     engine_metrics: bool = False  # KV-cache / preemption / queue signals seen
     preemptions: dict[str, float] = field(default_factory=dict)  # pod -> last running total
     counters: dict[str, float] = field(default_factory=dict)  # counter series -> last total
+    per_code_counters: bool = False  # Envoy per-code counters seen: skip the per-class ones
     ambiguous: dict[str, Signal] = field(default_factory=dict)  # pod -> unconfirmed GPU OOM
     engine_config: dict[tuple[str, str], Signal] = field(default_factory=dict)  # (pod, keys)
     last_lb: Signal | None = None

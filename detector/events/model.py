@@ -48,7 +48,8 @@ class Signal:
     fields, all optional:
 
     - gpu_oom: framework, bytes_tried, capacity_bytes, free_bytes, gpu_index (ints, bytes);
-      ambiguous=True when the line alone cannot decide (the correlator then needs context)
+      ambiguous=True when the line alone cannot decide (the correlator then needs context);
+      quoted=True when the OOM is another component's copy (an HTTP error body)
     - engine_dead: framework
     - crash_loop: reason, restart_count, exit_code, last_reason, count
     - host_oom: reason, exit_code
@@ -58,8 +59,10 @@ class Signal:
       and the correlator turns successive samples into counts; sidecar=True when the line
       was logged by the serving pod's own proxy (the pod, not the upstream, names the workload)
     - gpu_memory: used_bytes, total_bytes (or free_bytes), gpu, uuid (the device; with MIG
-      or MPS several pods report one device: never sum them)
-    - engine_pressure: kv_cache_usage (0..1), requests_waiting, requests_running, preemptions
+      or MPS several pods report one device: never sum them; None from nvidia-smi without
+      one), metric
+    - engine_pressure: engine, kv_cache_usage (0..1), requests_waiting, requests_running,
+      requests_swapped, preemptions (running total), batch_max_tokens, metric, model
     - engine_config: engine, and any of max_num_seqs, max_num_batched_tokens, max_model_len,
       gpu_memory_utilization, enable_prefix_caching, kv_cache_bytes, max_concurrency ...
     """

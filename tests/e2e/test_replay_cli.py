@@ -137,3 +137,18 @@ def test_the_readable_report_names_every_part(tmp_path: Path) -> None:
     for action in ("lower_batch_ceiling", "enable_rate_limit", "stagger_restarts"):
         assert f"{action} [dry_run, approval" in out
     assert out.count("? ") >= 3 and "host-RAM OOM" in out
+
+
+def test_a_plain_text_pod_log_is_read_with_the_identity_given(tmp_path: Path) -> None:
+    corpus = REPO.parent / "shared" / "corpus" / "gpu_oom" / "001_startup_kv_cache_no_memory.log"
+    if not corpus.exists():
+        pytest.skip("../shared/corpus is not beside the checkout")
+    cmd = [str(DETECTOR), "replay", "--json", "--db", f"sqlite:///{tmp_path / 't.db'}"]
+    cmd += ["--namespace", "llm", "--pod", "vllm-0", "--workload", "StatefulSet/vllm", str(corpus)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["events"]["rejected"] == 0
+    assert [(i["workload"], i["pods"]) for i in doc["incidents"]] == [("llm/vllm", ["vllm-0"])]
+    without = subprocess.run([*cmd[:5], str(corpus)], capture_output=True, text=True, check=False)
+    assert json.loads(without.stdout)["events"]["rejected"] > 0  # no identity: unknown format

@@ -218,3 +218,17 @@ def test_engine_pressure_measures(attrs: dict[str, Any], measure: str) -> None:
     corr.observe_all([first, later])
     ws = next(iter(corr.workloads.values()))
     assert (PODS[0], measure) in ws.at_ceiling
+
+
+def test_envoy_per_class_counters_are_not_added_to_the_per_code_ones() -> None:
+    def envoy(t: float, metric: str, total: float) -> Signal:
+        return sig(
+            SignalKind.LB_RESPONSE, t, status=503, upstream=UPSTREAM, counter_total=total,
+            series=f"{metric}|503", metric=metric,
+        )  # fmt: skip
+
+    corr = Correlator(CorrelateSettings())
+    for t, total in ((0, 0), (10, 40)):
+        corr.observe(envoy(t, "envoy_cluster_upstream_rq", total))
+        corr.observe(envoy(t, "envoy_cluster_upstream_rq_xx", total))
+    assert next(iter(corr.workloads.values())).lb.errors == 40
