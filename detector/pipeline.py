@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 COMMIT_EVERY = 5000  # records per database transaction
 MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
 JUMP_VOTES = 2  # records that must disagree with a jump before it is called broken
-MIN_TIME = 1_262_304_000.0  # 2010-01-01T00:00:00Z: anything earlier is a broken clock
+MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
 
 
 @dataclass
@@ -80,7 +80,7 @@ def parse_stream(
     """Parse one stream's records in order, keyed for the merge by the stream's clock.
 
     The clock is the stream's latest event time, so a late record keeps its place and the
-    merge stays ordered. A time before 2010 or after ``max_time`` (Unix seconds) is rejected
+    merge stays ordered. A time before 2000 or after ``max_time`` (Unix seconds) is rejected
     (``timestamp_out_of_range``). A record more than ``MAX_JUMP_S`` ahead of the clock is held:
     when the next ``JUMP_VOTES`` records with signals all fall back far behind it, it had a
     broken clock and is rejected (``timestamp_jump``) instead of stalling the whole stream;

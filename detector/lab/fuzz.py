@@ -82,6 +82,12 @@ def families() -> dict[str, list[bytes]]:
         "vector / other envelopes": fixture("sources_envelopes.jsonl", "record"),
         "bare ingress-nginx lines": fixture("sources_ingress_nginx_lines.jsonl", "text"),
         "exposition lines": fixture("sources_dcgm_lines.jsonl", "text"),
+        "envoy, istio, alb, gcp, haproxy lines": fixture("sources_lb_lines.jsonl", "text"),
+        "prometheus 5xx counters": fixture("sources_lb_prometheus.jsonl", "text"),
+        "cri lines": fixture("sources_cri_lines.jsonl", "text"),
+        "docker json-file": fixture("sources_docker_json.jsonl", "record"),
+        "nvidia-smi csv": fixture("sources_nvidia_smi.jsonl", "text"),
+        "engine /metrics": fixture("sources_engine_metrics.jsonl", "text"),
     }
     return {name: seeds for name, seeds in found.items() if seeds}
 
