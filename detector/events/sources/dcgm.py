@@ -77,7 +77,7 @@ def signals_from_exposition_line(
         return []
     stamp = m.group(4)
     if stamp is not None:
-        time = _stamp_time(stamp)
+        time = stamp_time(stamp)
     elif default_time is not None:
         time = default_time
     else:
@@ -109,10 +109,10 @@ def signal_from_sample(
         kind=kind,
         time=time,
         source=source,
-        namespace=_first(labels, _NAMESPACE_KEYS),
-        pod=_first(labels, _POD_KEYS),
-        container=_first(labels, _CONTAINER_KEYS),
-        node=_first(labels, _NODE_KEYS),
+        namespace=first_label(labels, _NAMESPACE_KEYS),
+        pod=first_label(labels, _POD_KEYS),
+        container=first_label(labels, _CONTAINER_KEYS),
+        node=first_label(labels, _NODE_KEYS),
         attrs=attrs,
         text=text,
     )
@@ -165,7 +165,7 @@ def _number(token: str, *, known: bool) -> float:
         raise ParseError("unknown_format", "not an exposition sample line") from None
 
 
-def _stamp_time(token: str) -> float:
+def stamp_time(token: str) -> float:
     """Read an exposition timestamp (integer ms since the epoch) as Unix seconds."""
     try:
         return parse_epoch(float(token))
@@ -173,7 +173,8 @@ def _stamp_time(token: str) -> float:
         raise ParseError("bad_timestamp", f"not a timestamp: {token[:40]!r}") from None
 
 
-def _first(labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
+def first_label(labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    """Return the first non-empty value of ``keys`` in ``labels``, or None."""
     for key in keys:
         value = labels.get(key)
         if value:

@@ -28,13 +28,13 @@ from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.events.sources.dcgm import parse_labels
+from detector.events.sources.dcgm import first_label, parse_labels, stamp_time
 from detector.events.sources.lb_common import (
     MAX_TEXT_CHARS,
     service_upstream,
     upstream_of_cluster,
 )
-from detector.events.sources.timeparse import parse_epoch, parse_time, str_map
+from detector.events.sources.timeparse import parse_time, str_map
 
 NGINX = "nginx_ingress_controller_requests"
 ISTIO = "istio_requests_total"
@@ -65,7 +65,7 @@ def signal_from_exposition_line(
     name, raw_value, stamp = m.group(1), m.group(3), m.group(4)
     value = _value(raw_value)
     if stamp is not None:
-        time = _stamp_time(stamp)
+        time = stamp_time(stamp)
     elif default_time is not None:
         time = default_time
     else:
@@ -123,7 +123,7 @@ def signal_from_sample(
     attrs["metric"] = name
     pod = namespace = None
     if attrs.get("sidecar"):
-        pod, namespace = _first(labels, _POD_KEYS), _first(labels, _NAMESPACE_KEYS)
+        pod, namespace = first_label(labels, _POD_KEYS), first_label(labels, _NAMESPACE_KEYS)
         if pod is None:
             attrs.pop("sidecar")
     return Signal(
@@ -200,18 +200,3 @@ def _value(token: str) -> float:
         return float(token)
     except ValueError:
         raise ParseError("bad_value", f"not a number: {token[:40]!r}") from None
-
-
-def _stamp_time(token: str) -> float:
-    try:
-        return parse_epoch(float(token))
-    except ValueError:
-        raise ParseError("bad_timestamp", f"not a timestamp: {token[:40]!r}") from None
-
-
-def _first(labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
-    for key in keys:
-        value = labels.get(key)
-        if value:
-            return value
-    return None
