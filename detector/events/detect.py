@@ -8,7 +8,9 @@ JSON objects are told apart by their keys after one ``json.loads``: Fluent Bit (
 (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``). Text lines are CRI log lines,
 bare ingress-nginx (and other load-balancer) access lines, nvidia-smi CSV rows, Prometheus
 exposition lines, ``kubectl logs --prefix`` lines, and, when the caller gives their identity,
-plain log lines. The file name never decides the format; CRI and Docker files carry their pod
+plain log lines. Multi-line text records (whole files from the reader) may be a pasted
+``kubectl describe pod`` / ``get pods`` / ``get pod -o yaml`` output or an ``nvidia-smi``
+table. The file name never decides the format; CRI and Docker files carry their pod
 only in their path, which ``SourcePos.origin`` holds.
 """
 
@@ -28,7 +30,12 @@ from detector.events.sources.docker_json import parse_docker_record
 from detector.events.sources.fluentbit import parse_fluentbit_record
 from detector.events.sources.k8s_event import signals_from_event
 from detector.events.sources.k8s_pod import signals_from_pod
+from detector.events.sources.kubectl_text import is_kubectl_text, signals_from_kubectl_text
 from detector.events.sources.nvidia_smi import signals_from_csv_line
+from detector.events.sources.nvidia_smi_table import (
+    is_nvidia_smi_table,
+    signals_from_nvidia_smi_table,
+)
 from detector.events.sources.prom_kafka_adapter import signals_from_adapter_sample
 from detector.events.sources.raw_text import (
     LogIdentity,
@@ -111,6 +118,12 @@ def _parse_text(
         return _from_json_text(stripped, source, default_time, identity)
     if first == "\ufeff":  # byte-order marks, however many: strip, never recurse per mark
         return _parse_text(stripped.lstrip("\ufeff \t\r\n"), source, default_time, identity)
+    if "\n" in stripped:  # a multi-line document the file reader yields whole
+        head = stripped[:4096]
+        if is_nvidia_smi_table(head):
+            return signals_from_nvidia_smi_table(stripped, source, default_time=default_time)
+        if is_kubectl_text(head):
+            return signals_from_kubectl_text(stripped, source, default_time=default_time)
     return _from_text(stripped, source, default_time, identity)
 
 

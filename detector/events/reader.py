@@ -3,7 +3,9 @@
 One record per line (JSON Lines, exposition text, access logs), bytes as stored, without the
 line ending; blank lines are skipped. A file whose first non-blank byte is ``{`` or ``[`` and
 whose first line is not a complete JSON document is one pretty-printed JSON document (for
-example ``kubectl get pods -o json``) and is yielded whole as one record at position 1.
+example ``kubectl get pods -o json``) and is yielded whole as one record at position 1; so is a
+saved human-readable document: ``kubectl describe pod`` / ``kubectl get pods`` output, a
+``kubectl get pod -o yaml`` document (or its status fragment) and an ``nvidia-smi`` table.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from detector.events.model import SourcePos
+from detector.events.sources.kubectl_text import is_kubectl_text
+from detector.events.sources.nvidia_smi_table import is_nvidia_smi_table
 
 # A pretty-printed document larger than this is cut here; the parser then rejects it.
 WHOLE_FILE_MAX_BYTES = 256 * 1024 * 1024
+_HEAD_BYTES = 4096  # how much of a file tells a human-readable document
 
 
 def read_records(paths: Iterable[str | Path]) -> Iterator[tuple[SourcePos, bytes]]:
@@ -77,7 +83,7 @@ def _read_file(path: Path) -> Iterator[tuple[SourcePos, bytes]]:
     # which carries the pod identity (resolve() would follow it to a nameless file)
     origin = os.path.abspath(path)
     with path.open("rb") as f:
-        if _is_json_document(f):
+        if _is_json_document(f) or _is_text_document(f):
             f.seek(0)
             yield SourcePos(origin=origin, position=1), f.read(WHOLE_FILE_MAX_BYTES + 1)
             return
@@ -100,3 +106,16 @@ def _is_json_document(f: Iterable[bytes]) -> bool:
         if stripped:
             return stripped in (b"{", b"[")
     return False
+
+
+def _is_text_document(f: BinaryIO) -> bool:
+    """Tell a saved ``kubectl describe``/``get``/YAML output or ``nvidia-smi`` table.
+
+    Formats: https://kubernetes.io/docs/reference/kubectl/generated/kubectl_describe/ ,
+    https://docs.nvidia.com/deploy/nvidia-smi/index.html
+    """
+    f.seek(0)
+    head = f.read(_HEAD_BYTES).decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    if "\n" not in head:
+        return False
+    return is_nvidia_smi_table(head) or is_kubectl_text(head)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,39 @@ def test_a_truncated_first_record_does_not_swallow_the_file(tmp_path: Path) -> N
     records = list(read_records([path]))
     assert [pos.position for pos, _ in records] == [1, 2, 3]
     assert records[0][0].origin == str(path.absolute())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Name:         vllm-0\nNamespace:    llm\nStatus:       Running\n",
+        "$ kubectl get pods\nNAME   READY   STATUS   RESTARTS   AGE\n"
+        "vllm-0   0/1   Running   0   1m\n",
+        "  Warning  BackOff  1s  kubelet  Back-off restarting failed container\n"
+        "  Normal  X  1s  k  m\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n",
+        "  containerStatuses:\n    - name: app\n",
+        "Tue Jul 16 10:13:25 2024\n+-----+\n"
+        "| NVIDIA-SMI 550.67   Driver Version: 550.67 |\n+---+\n",
+        "| NVIDIA-SMI 375.82   Driver Version: 375.82 |\n|---+\n",
+    ],
+)
+def test_human_readable_documents_are_one_record(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path / "paste.txt", ("\n" + text).encode())
+    ((source, raw),) = list(read_records([path]))
+    assert source == SourcePos(os.path.abspath(path), 1)
+    assert raw == ("\n" + text).encode()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Name: a\nsecond line\n",  # Name: without Namespace: is no describe
+        "+------+------+\n| col  | col  |\n+------+------+\n",  # an ASCII table, not nvidia-smi
+        "status: ok\n",  # one line only
+        "2024-01-01T00:00:00Z stdout F hello\n2024-01-01T00:00:01Z stdout F world\n",
+    ],
+)
+def test_other_text_stays_line_based(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path / "log.txt", text.encode())
+    assert len(list(read_records([path]))) == text.count("\n")
