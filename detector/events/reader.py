@@ -35,17 +35,12 @@ def read_records(paths: Iterable[str | Path]) -> Iterator[tuple[SourcePos, bytes
         yield from _read_file(path)
 
 
-def count_records_hint(paths: Iterable[str | Path]) -> int:
+def total_bytes(paths: Iterable[str | Path]) -> int:
     """Return the total size in bytes of the files ``read_records`` would read (stat only).
 
     Meant as the total of a progress bar. Raises ``FileNotFoundError`` like ``read_records``.
     """
     return sum(path.stat().st_size for path in iter_files(paths))
-
-
-def total_bytes(paths: Iterable[str | Path]) -> int:
-    """Return the total size in bytes of the files to read; same as ``count_records_hint``."""
-    return count_records_hint(paths)
 
 
 def iter_files(paths: Iterable[str | Path]) -> Iterator[Path]:

@@ -11,7 +11,7 @@ import pytest
 from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import SourcePos
-from detector.events.reader import count_records_hint, iter_files, read_records, total_bytes
+from detector.events.reader import iter_files, read_records, total_bytes
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -97,14 +97,14 @@ def test_missing_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         list(read_records([missing]))
     with pytest.raises(FileNotFoundError):
-        count_records_hint([missing])
+        total_bytes([missing])
 
 
 def test_size_hint(tmp_path: Path) -> None:
     _write(tmp_path / "a.log", b"12345\n")
     _write(tmp_path / "sub" / "b.log", b"123\n")
     _write(tmp_path / "README.md", b"ignored")
-    assert count_records_hint([tmp_path]) == 10
+    assert total_bytes([tmp_path]) == 10
     assert total_bytes([str(tmp_path)]) == 10
 
 
