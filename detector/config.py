@@ -42,6 +42,26 @@ class CorrelateSettings(BaseModel):
     max_evidence_per_kind: int = Field(50, gt=0, description="evidence kept per kind and incident")
 
 
+class KafkaSettings(BaseModel):
+    """Where and how the live loop consumes (``DETECTOR_KAFKA__BOOTSTRAP_SERVERS`` ...)."""
+
+    bootstrap_servers: str = "localhost:9092"
+    topics: list[str] = Field(
+        default_factory=lambda: ["k8s-logs", "k8s-events", "lb-logs", "gpu-metrics"]
+    )
+    group_id: str = "gpu-oom-detector"
+    dead_letter_topic: str = "detector-dead-letters"
+    fetch_max_wait_ms: int = Field(50, ge=0, description="broker wait for a fetch to fill")
+    session_timeout_ms: int = Field(6000, gt=0, description="consumer group session timeout")
+    max_poll_interval_ms: int = Field(10000, gt=0, description="max time between two polls")
+    max_poll_records: int = Field(500, gt=0, description="records per batch (one transaction)")
+    poll_timeout_ms: int = Field(500, gt=0, description="how long one poll waits for records")
+    backoff_max_s: float = Field(5.0, gt=0, description="cap of the retry back-off on failure")
+    rebuild_max_records: int = Field(
+        100_000, gt=0, description="records re-read per partition when time lookup is unusable"
+    )
+
+
 class Settings(BaseSettings):
     """All settings of one detector process."""
 
@@ -51,6 +71,7 @@ class Settings(BaseSettings):
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     correlate: CorrelateSettings = Field(default_factory=CorrelateSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     cluster: str | None = None
     workloads_file: Path | None = None
     runbook_path: Path = REPO_ROOT / "runbooks" / "gpu-oom-cascade.yaml"

@@ -4,6 +4,7 @@ DetectorError
 ├── ConfigError          settings or YAML mapping invalid
 ├── ParseError           a record could not be decoded into signals (carries ``reason``)
 ├── StoreError           the incident store failed (database, migrations)
+├── StreamError          the Kafka broker or client failed (consume, commit, produce)
 └── RunbookError         a runbook definition or its rendering is invalid
 """
 
@@ -31,6 +32,10 @@ class ParseError(DetectorError):
 
 class StoreError(DetectorError):
     """The incident store failed."""
+
+
+class StreamError(DetectorError):
+    """The Kafka broker or client failed: poll, commit, seek, produce or topic admin."""
 
 
 class RunbookError(DetectorError):

@@ -27,6 +27,7 @@ from detector.events.reader import iter_files, read_records
 from detector.events.sources.raw_text import LogIdentity
 from detector.incidents import service
 from detector.incidents.flows import IncidentFlows
+from detector.incidents.models import DeadLetter
 from detector.incidents.schemas import IncidentOut, VerdictOut
 from detector.runbooks.loader import load_runbook
 
@@ -70,6 +71,24 @@ class Parsed:
     error: ParseError | None = None
 
 
+def parse_checked(
+    raw: bytes,
+    source: SourcePos,
+    *,
+    default_time: float | None,
+    max_time: float,
+    identity: LogIdentity | None = None,
+) -> list[Signal]:
+    """Parse one record and check its event time (Unix seconds) lies in 2000..``max_time``.
+
+    Raises ParseError (``parse_record``'s reasons, or ``timestamp_out_of_range``).
+    """
+    signals = parse_record(raw, source, default_time=default_time, identity=identity)
+    if signals and not MIN_TIME <= signals[0].time <= max_time:
+        raise ParseError("timestamp_out_of_range", f"event time {signals[0].time:.0f}")
+    return signals
+
+
 def parse_stream(
     records: Iterable[tuple[SourcePos, bytes]],
     *,
@@ -94,10 +113,9 @@ def parse_stream(
     against = 0  # records since ``held`` that fell far behind it
     for source, raw in records:
         try:
-            default = clock or start_time
-            signals = parse_record(raw, source, default_time=default, identity=identity)
-            if signals and not MIN_TIME <= signals[0].time <= max_time:
-                raise ParseError("timestamp_out_of_range", f"event time {signals[0].time:.0f}")
+            signals = parse_checked(
+                raw, source, default_time=clock or start_time, max_time=max_time, identity=identity
+            )
         except ParseError as exc:
             yield Parsed(clock, source, raw, [], exc)
             continue
@@ -138,6 +156,55 @@ def merged(paths: Iterable[str | Path], identity: LogIdentity | None = None) -> 
     return heapq.merge(*streams, key=lambda p: p.time)
 
 
+@dataclass
+class Processor:
+    """Correlate parsed records and record the decisions: the stage shared by replay and run."""
+
+    correlator: Correlator
+    flows: IncidentFlows
+    counts: EventCounts = field(default_factory=EventCounts)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Processor:
+        """Build a fresh processor; raises ConfigError/RunbookError on bad setup."""
+        correlator = Correlator(
+            settings.correlate, load_workload_map(settings.workloads_file), settings.cluster
+        )
+        flows = IncidentFlows(load_runbook(settings.runbook_path), dry_run=settings.dry_run)
+        return cls(correlator, flows)
+
+    def process(self, parsed: Parsed, session: Session) -> DeadLetter | None:
+        """Observe one record within the caller's transaction; return its new dead letter.
+
+        A rejected record is stored as a dead letter; the row is returned when it is new
+        (None when that source position was stored before). Raises StoreError.
+        """
+        counts = self.counts
+        counts.read += 1
+        if parsed.error is not None:
+            return _reject(parsed, counts, session)
+        counts.parsed += 1
+        counts.signals += len(parsed.signals)
+        for signal in parsed.signals:
+            decisions = self.correlator.observe(signal)
+            if decisions:
+                self.flows.apply(decisions, session=session, contexts=self.correlator.context)
+        return None
+
+    def finish(self, session: Session) -> None:
+        """Answer the questions of the incidents touched so far; raises StoreError."""
+        self.flows.finish(session=session, contexts=self.correlator.context)
+        self.counts.unattributed = self.correlator.unattributed
+
+    def result(self) -> ReplayResult:
+        """Return the counts, incidents and verdicts seen by this processor."""
+        return ReplayResult(
+            self.counts,
+            [IncidentOut.model_validate(i) for i in self.flows.incidents.values()],
+            [VerdictOut.model_validate(v) for v in self.flows.verdicts.values()],
+        )
+
+
 def replay(
     paths: list[Path],
     settings: Settings,
@@ -151,52 +218,34 @@ def replay(
     pod of plain-text log lines (files that are one pod's raw log). Raises
     FileNotFoundError for a missing path, ConfigError/RunbookError/StoreError on bad setup.
     """
-    correlator = Correlator(
-        settings.correlate, load_workload_map(settings.workloads_file), settings.cluster
-    )
-    flows = IncidentFlows(load_runbook(settings.runbook_path), dry_run=settings.dry_run)
-    counts = EventCounts()
+    processor = Processor.from_settings(settings)
     db.upgrade(settings.database.url)
     engine = db.make_engine(settings.database.url)
     make_session = db.session_factory(engine)
     try:
         session = make_session()
         for parsed in merged(paths, identity):
-            counts.read += 1
             if progress is not None:
                 progress(len(parsed.raw) + 1)
-            if parsed.error is not None:
-                _reject(parsed, counts, session)
-            else:
-                counts.parsed += 1
-                counts.signals += len(parsed.signals)
-                for signal in parsed.signals:
-                    decisions = correlator.observe(signal)
-                    if decisions:
-                        flows.apply(decisions, session=session, contexts=correlator.context)
-            if counts.read % COMMIT_EVERY == 0:
+            processor.process(parsed, session)
+            if processor.counts.read % COMMIT_EVERY == 0:
                 session.commit()
-        flows.finish(session=session, contexts=correlator.context)
+        processor.finish(session)
         session.commit()
-        counts.unattributed = correlator.unattributed
-        result = ReplayResult(
-            counts,
-            [IncidentOut.model_validate(i) for i in flows.incidents.values()],
-            [VerdictOut.model_validate(v) for v in flows.verdicts.values()],
-        )
+        result = processor.result()
         session.close()
         return result
     finally:
         engine.dispose()
 
 
-def _reject(parsed: Parsed, counts: EventCounts, session: Session) -> None:
+def _reject(parsed: Parsed, counts: EventCounts, session: Session) -> DeadLetter | None:
     error = parsed.error
     assert error is not None
     counts.rejected += 1
     counts.rejected_by_reason[error.reason] += 1
     log.info("rejected record source=%s reason=%s", parsed.source, error.reason)
-    service.add_dead_letter(
+    return service.add_dead_letter(
         session=session,
         source=parsed.source,
         reason=error.reason,

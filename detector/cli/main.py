@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
 from detector.cli.classify import classify_cmd
 from detector.cli.report import render_report, to_document
+from detector.cli.settings import cli_settings as _settings
+from detector.cli.stream import incidents_cmd, produce_cmd, run_cmd
 from detector.config import Settings
-from detector.errors import ConfigError, DetectorError
+from detector.errors import DetectorError
 from detector.events.reader import total_bytes
 from detector.events.sources.raw_text import LogIdentity
 from detector.pipeline import ReplayResult, replay
@@ -26,17 +27,9 @@ PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than thi
 app.command("classify")(classify_cmd)
 
 
-def _settings(database_url: str | None, workloads: Path | None) -> Settings:
-    """Build the settings from the environment and the command line; ConfigError if invalid."""
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        raise ConfigError(f"invalid DETECTOR_* setting: {exc}") from exc
-    if database_url:
-        settings.database.url = database_url
-    if workloads:
-        settings.workloads_file = workloads
-    return settings
+app.command("run")(run_cmd)
+app.command("produce")(produce_cmd)
+app.command("incidents")(incidents_cmd)
 
 
 @app.command("replay")

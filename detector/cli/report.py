@@ -25,7 +25,7 @@ def to_document(result: ReplayResult) -> dict[str, Any]:
             "unattributed": ev.unattributed,
             "rejected_by_reason": dict(ev.rejected_by_reason),
         },
-        "incidents": [_incident(i.model_dump(mode="json")) for i in result.incidents],
+        "incidents": [incident_document(i.model_dump(mode="json")) for i in result.incidents],
         "verdicts": [
             {
                 "workload": f"{v.namespace}/{v.workload}",
@@ -38,7 +38,8 @@ def to_document(result: ReplayResult) -> dict[str, Any]:
     }
 
 
-def _incident(inc: dict[str, Any]) -> dict[str, Any]:
+def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
+    """Map one ``IncidentOut`` JSON dump to its entry of the ``incidents`` list."""
     kinds = {e["kind"] for e in inc["evidence"]}
     sources = {e["id"]: e["source"] for e in inc["evidence"]}
     steps = [s for run in inc["runs"] for s in run["steps"]]

@@ -1,0 +1,131 @@
+"""The live commands: ``detector run``, ``detector produce`` and ``detector incidents``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from detector import db
+from detector.cli.report import incident_document
+from detector.cli.settings import cli_settings
+from detector.errors import DetectorError
+from detector.incidents import service
+from detector.incidents.schemas import IncidentOut
+from detector.stream.app import produce_files, run_stream
+
+DbOption = Annotated[
+    str | None, typer.Option("--db", help="SQLAlchemy URL (default: DETECTOR_DATABASE__URL)")
+]
+BootstrapOption = Annotated[
+    str | None,
+    typer.Option("--bootstrap", help="host:port,... (default: DETECTOR_KAFKA__BOOTSTRAP_SERVERS)"),
+]
+
+
+def run_cmd(
+    database_url: DbOption = None,
+    bootstrap: BootstrapOption = None,
+    topics: Annotated[
+        str | None, typer.Option(help="comma-separated topics (default: the four streams)")
+    ] = None,
+    group: Annotated[str | None, typer.Option(help="consumer group id")] = None,
+    dead_letter_topic: Annotated[str | None, typer.Option(help="dead-letter topic")] = None,
+    fetch_max_wait_ms: Annotated[int | None, typer.Option(help="broker fetch wait, ms")] = None,
+    session_timeout_ms: Annotated[int | None, typer.Option(help="group session, ms")] = None,
+    max_poll_interval_ms: Annotated[int | None, typer.Option(help="max poll gap, ms")] = None,
+    max_poll_records: Annotated[int | None, typer.Option(help="records per batch")] = None,
+    workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Detect GPU OOM cascades live from Kafka until SIGTERM or SIGINT (at-least-once)."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        settings = cli_settings(database_url, workloads)
+        kafka = settings.kafka
+        options = {
+            "bootstrap_servers": bootstrap,
+            "topics": topics.split(",") if topics else None,
+            "group_id": group,
+            "dead_letter_topic": dead_letter_topic,
+            "fetch_max_wait_ms": fetch_max_wait_ms,
+            "session_timeout_ms": session_timeout_ms,
+            "max_poll_interval_ms": max_poll_interval_ms,
+            "max_poll_records": max_poll_records,
+        }
+        settings.kafka = kafka.model_copy(
+            update={k: v for k, v in options.items() if v is not None}
+        )
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            logging.getLogger(__name__).info("stopping signal=%d", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        run_stream(settings, stop)
+    except DetectorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def produce_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="recorded stream files or folders")],
+    topic: Annotated[str, typer.Option(help="topic to ship the records to")],
+    bootstrap: BootstrapOption = None,
+    rate: Annotated[float | None, typer.Option(help="records per second (default: max)")] = None,
+    workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
+) -> None:
+    """Ship recorded files to a topic record by record, keyed by namespace/workload."""
+    try:
+        settings = cli_settings(None, workloads)
+        if bootstrap:
+            settings.kafka.bootstrap_servers = bootstrap
+        sent = produce_files(paths, topic, settings, rate_per_s=rate)
+    except (DetectorError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"produced {sent} records to {topic}")
+
+
+def incidents_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON list")] = False,
+    database_url: DbOption = None,
+) -> None:
+    """List the incidents in the database (--json: the ``incidents`` shape of replay --json)."""
+    try:
+        settings = cli_settings(database_url, None)
+        engine = db.make_engine(settings.database.url)
+        try:
+            with db.session_factory(engine)() as session:
+                incidents = [
+                    incident_document(IncidentOut.model_validate(i).model_dump(mode="json"))
+                    for i in service.list_incidents(session=session)
+                ]
+        finally:
+            engine.dispose()
+    except DetectorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(incidents, indent=2, default=str))
+        return
+    console = Console()
+    for inc in incidents:
+        console.print(
+            f"{inc['key']}  {inc['stage']}  {inc['workload']}  victims={len(inc['pods'])}",
+            markup=False,
+        )
+    if not incidents:
+        console.print("no incidents")

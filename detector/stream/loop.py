@@ -1,0 +1,241 @@
+"""The live loop: consume a batch, process it in one transaction, then commit its offsets.
+
+Order per batch (at-least-once, DESIGN.md section 8): parse -> correlate -> record incidents
+and dead letters -> flush dead-letter records -> database commit -> Kafka offset commit. On an
+assignment the correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of
+each partition before its committed offset; the writes are idempotent, so nothing duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from sqlalchemy.orm import Session
+
+from detector.config import Settings
+from detector.errors import ParseError, StoreError, StreamError
+from detector.events.model import SourcePos
+from detector.pipeline import Parsed, Processor, parse_checked
+from detector.stream.consumer import Committed, Partition, Record
+from detector.stream.producer import Headers
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_S = 0.1
+MAX_FUTURE_S = 86400.0  # event times further ahead of the wall clock are broken clocks
+
+
+class Source(Protocol):
+    """What the loop needs from a consumer (``KafkaSource`` or a fake)."""
+
+    def poll(self, timeout_ms: int) -> list[Record]: ...
+    def commit(self, offsets: dict[Partition, Committed]) -> None: ...
+    def committed(self, partition: Partition) -> Committed | None: ...
+    def offset_for_time(self, partition: Partition, timestamp_ms: int) -> int | None: ...
+    def beginning(self, partition: Partition) -> int: ...
+    def seek(self, partition: Partition, offset: int) -> None: ...
+    def assignment(self) -> list[Partition]: ...
+
+
+class Sink(Protocol):
+    """What the loop needs from a producer (``KafkaSink`` or a fake)."""
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None: ...
+    def flush(self, timeout_s: float = 30.0) -> None: ...
+
+
+class StreamLoop:
+    """Run the pipeline on a consumer's batches; ``attach`` a source before ``run``."""
+
+    def __init__(self, settings: Settings, make_session: Callable[[], Session], sink: Sink) -> None:
+        self._settings = settings
+        self._make_session = make_session
+        self._sink = sink
+        self._session = make_session()
+        self.processor = Processor.from_settings(settings)
+        self._source: Source | None = None
+        self._rebuild_until: dict[Partition, int] = {}
+        self._backoff_s = 0.0
+        self._dirty = False  # incidents changed since their questions were last answered
+
+    def attach(self, source: Source) -> None:
+        """Use ``source`` for the next batches."""
+        self._source = source
+
+    @property
+    def source(self) -> Source:
+        """Return the attached source; raises StreamError when none is attached."""
+        if self._source is None:
+            raise StreamError("no source attached to the stream loop")
+        return self._source
+
+    def run(self, stop: threading.Event) -> None:
+        """Process batches until ``stop`` is set; the batch in hand is finished first."""
+        while not stop.is_set():
+            try:
+                if self.step() == 0 and self._dirty:
+                    self._answer_questions()
+                self._backoff_s = 0.0
+            except (StoreError, StreamError) as exc:
+                log.warning("batch failed, retrying error=%s backoff_s=%.1f", exc, self._backoff_s)
+                self._recover(stop)
+            except Exception:  # the loop boundary: log the context, keep the stream going
+                log.exception("batch failed unexpectedly assignment=%s", self._assignment())
+                self._recover(stop)
+        if self._dirty:
+            self._answer_questions()
+        self._session.close()
+
+    def step(self) -> int:
+        """Poll, process and commit one batch; return its size. Raises StoreError/StreamError."""
+        records = self.source.poll(self._settings.kafka.poll_timeout_ms)
+        if not records:
+            return 0
+        offsets = self._process(records)
+        self._session.commit()
+        self._dirty = True
+        if offsets:
+            try:
+                self.source.commit(offsets)
+            except StreamError as exc:  # the rows are stored: a re-delivery is idempotent
+                log.warning("offset commit failed offsets=%s error=%s", sorted(offsets), exc)
+        return len(records)
+
+    def on_assign(self, partitions: list[Partition]) -> None:
+        """Rebuild the correlator state of the assigned partitions (see module docstring)."""
+        log.info("partitions assigned partitions=%s", partitions)
+        self.processor = Processor.from_settings(self._settings)
+        self._rebuild_until.clear()
+        for partition in partitions:
+            self._rebuild(partition)
+
+    def _process(self, records: list[Record]) -> dict[Partition, Committed]:
+        max_time = time.time() + MAX_FUTURE_S
+        sent = 0
+        last: dict[Partition, Record] = {}
+        for record in records:
+            parsed = _parse(record, max_time)
+            if self.processor.process(parsed, self._session) is not None:
+                self._dead_letter(record, parsed)
+                sent += 1
+            last[(record.topic, record.partition)] = record
+        if sent:
+            self._sink.flush()
+        return self._offsets(last)
+
+    def _offsets(self, last: dict[Partition, Record]) -> dict[Partition, Committed]:
+        """Return the positions to commit: past the batch, never back into a rebuild."""
+        offsets: dict[Partition, Committed] = {}
+        for partition, record in last.items():
+            until = self._rebuild_until.get(partition)
+            if until is not None and record.offset + 1 <= until:
+                continue
+            self._rebuild_until.pop(partition, None)
+            offsets[partition] = Committed(record.offset + 1, f"ts={record.timestamp_ms}")
+        return offsets
+
+    def _dead_letter(self, record: Record, parsed: Parsed) -> None:
+        reason = parsed.error.reason if parsed.error else "unknown"
+        headers = [
+            ("reason", reason.encode()),
+            ("topic", record.topic.encode()),
+            ("partition", str(record.partition).encode()),
+            ("offset", str(record.offset).encode()),
+        ]
+        self._sink.send(self._settings.kafka.dead_letter_topic, record.value, headers=headers)
+        log.info(
+            "dead letter topic=%s partition=%d offset=%d reason=%s",
+            record.topic, record.partition, record.offset, reason,
+        )  # fmt: skip
+
+    def _answer_questions(self) -> None:
+        self.processor.finish(self._session)
+        self._session.commit()
+        self._dirty = False
+
+    def _rebuild(self, partition: Partition) -> None:
+        committed = self.source.committed(partition)
+        if committed is None:  # like auto_offset_reset=earliest
+            log.info("no committed offset, reading from start topic=%s partition=%d", *partition)
+            self.source.seek(partition, self.source.beginning(partition))
+            return
+        start = self._rebuild_start(partition, committed)
+        self._rebuild_until[partition] = committed.offset
+        self.source.seek(partition, start)
+        log.info(
+            "rebuilding correlator state topic=%s partition=%d from_offset=%d committed=%d",
+            *partition, start, committed.offset,
+        )  # fmt: skip
+
+    def _rebuild_start(self, partition: Partition, committed: Committed) -> int:
+        """Return the offset ``correlate.window_s`` before the committed record's time."""
+        kafka = self._settings.kafka
+        ts_ms = _metadata_time_ms(committed.metadata)
+        found: int | None = None
+        if ts_ms is not None:
+            target_ms = ts_ms - int(self._settings.correlate.window_s * 1000)
+            try:
+                found = self.source.offset_for_time(partition, target_ms)
+            except StreamError as exc:
+                log.warning("offsets_for_times failed topic=%s error=%s", partition[0], exc)
+        if found is not None and found <= committed.offset:
+            return found
+        log.warning(
+            "time lookup unusable, re-reading at most %d records of the retained log "
+            "topic=%s partition=%d committed=%d",
+            kafka.rebuild_max_records, *partition, committed.offset,
+        )  # fmt: skip
+        return max(self.source.beginning(partition), committed.offset - kafka.rebuild_max_records)
+
+    def _recover(self, stop: threading.Event) -> None:
+        """Roll back, wait (exponential back-off, capped), then re-read from the commits."""
+        try:
+            self._session.rollback()
+            self._session.close()
+        except Exception:  # the loop boundary: a dead connection may fail to roll back
+            log.exception("rollback failed")
+        self._backoff_s = min(
+            max(self._backoff_s * 2, BACKOFF_FIRST_S), self._settings.kafka.backoff_max_s
+        )
+        stop.wait(self._backoff_s)
+        self._session = self._make_session()
+        try:
+            self.on_assign(self._assignment())
+        except StreamError as exc:
+            log.warning("re-reading after a failure failed error=%s", exc)
+
+    def _assignment(self) -> list[Partition]:
+        return [] if self._source is None else self._source.assignment()
+
+
+def _parse(record: Record, max_time: float) -> Parsed:
+    """Parse one consumed record, timed by its Kafka timestamp when it carries no time."""
+    source = SourcePos(record.topic, record.offset, record.partition)
+    default_time = record.timestamp_ms / 1000.0 if record.timestamp_ms >= 0 else None
+    try:
+        signals = parse_checked(record.value, source, default_time=default_time, max_time=max_time)
+    except ParseError as exc:
+        return Parsed(default_time or 0.0, source, record.value, [], exc)
+    return Parsed(signals[0].time if signals else 0.0, source, record.value, signals)
+
+
+def _metadata_time_ms(metadata: str) -> int | None:
+    """Return the record time stored in a commit's metadata (``ts=<ms>``), None if absent."""
+    if not metadata.startswith("ts="):
+        return None
+    try:
+        return int(metadata[3:])
+    except ValueError:
+        return None

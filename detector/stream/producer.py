@@ -1,0 +1,78 @@
+"""A small adapter around kafka-python's KafkaProducer and topic creation; raises StreamError."""
+
+from __future__ import annotations
+
+import logging
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from detector.errors import StreamError
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+
+
+class KafkaSink:
+    """Send records to Kafka; ``flush`` waits until every sent record is acknowledged."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        try:
+            self._producer = KafkaProducer(
+                bootstrap_servers=bootstrap_servers.split(","), acks="all", linger_ms=5
+            )
+        except KafkaError as exc:
+            raise StreamError(f"cannot produce to {bootstrap_servers}: {exc}") from exc
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        """Queue one record; ``timestamp_ms`` (ms since the epoch) defaults to now."""
+        try:
+            self._producer.send(
+                topic, value=value, key=key, headers=headers or [], timestamp_ms=timestamp_ms
+            )
+        except KafkaError as exc:
+            raise StreamError(f"send to topic={topic} failed: {exc}") from exc
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every queued record is acknowledged (at most ``timeout_s`` seconds)."""
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaError as exc:
+            raise StreamError(f"flush failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Flush and close the producer."""
+        try:
+            self._producer.close(timeout=10)
+        except KafkaError as exc:
+            log.warning("producer close failed error=%s", exc)
+
+
+def ensure_topics(bootstrap_servers: str, topics: list[str], partitions: int = 1) -> None:
+    """Create the topics that do not exist yet (replication factor 1); raises StreamError."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","))
+    except KafkaError as exc:
+        raise StreamError(f"cannot reach {bootstrap_servers}: {exc}") from exc
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
+            log.info("topics created topics=%s", missing)
+    except TopicAlreadyExistsError:
+        pass
+    except KafkaError as exc:
+        raise StreamError(f"cannot create topics {topics}: {exc}") from exc
+    finally:
+        admin.close()
