@@ -125,12 +125,16 @@ class StreamLoop:
         max_time = time.time() + MAX_FUTURE_S
         sent = 0
         last: dict[Partition, Record] = {}
-        for record in records:
+        # One poll may hold several partitions' records: take them in event-time order, so
+        # the correlator's clock is not pushed ahead by one topic while another lags.
+        for record in sorted(records, key=lambda r: r.timestamp_ms):
             parsed = _parse(record, max_time)
             if self.processor.process(parsed, self._session) is not None:
                 self._dead_letter(record, parsed)
                 sent += 1
-            last[(record.topic, record.partition)] = record
+            key = (record.topic, record.partition)
+            if key not in last or record.offset > last[key].offset:
+                last[key] = record
         if sent:
             self._sink.flush()
         return self._offsets(last)

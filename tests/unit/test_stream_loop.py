@@ -1,0 +1,139 @@
+"""The live loop with a fake consumer and producer: order, offsets, dead letters, failures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from detector import db
+from detector.config import Settings
+from detector.errors import StoreError
+from detector.incidents import service
+from detector.stream.consumer import Committed, Partition, Record
+from detector.stream.loop import StreamLoop
+from detector.stream.producer import Headers
+
+CASCADE = Path(__file__).resolve().parents[2] / "examples" / "cascade"
+
+
+class FakeSource:
+    """Hands out prepared batches and records what the loop commits."""
+
+    def __init__(self, batches: list[list[Record]]) -> None:
+        self.batches = batches
+        self.commits: list[dict[Partition, Committed]] = []
+
+    def poll(self, timeout_ms: int) -> list[Record]:
+        return self.batches.pop(0) if self.batches else []
+
+    def commit(self, offsets: dict[Partition, Committed]) -> None:
+        self.commits.append(offsets)
+
+    def committed(self, partition: Partition) -> Committed | None:
+        return None
+
+    def offset_for_time(self, partition: Partition, timestamp_ms: int) -> int | None:
+        return None
+
+    def beginning(self, partition: Partition) -> int:
+        return 0
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        pass
+
+    def assignment(self) -> list[Partition]:
+        return []
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, Headers | None]] = []
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        self.sent.append((topic, value, headers))
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        pass
+
+
+def records(topic: str, path: Path, limit: int) -> list[Record]:
+    out = []
+    for offset, line in enumerate(path.read_bytes().splitlines()[:limit]):
+        ts = int(json.loads(line).get("@timestamp", 0) * 1000)
+        out.append(Record(topic, 0, offset, ts, None, line))
+    return out
+
+
+@pytest.fixture
+def loop_parts(sqlite_url: str) -> Iterator[tuple[Settings, StreamLoop, FakeSink]]:
+    db.upgrade(sqlite_url)
+    settings = Settings()
+    settings.database.url = sqlite_url
+    engine = db.make_engine(sqlite_url)
+    sink = FakeSink()
+    yield settings, StreamLoop(settings, db.session_factory(engine), sink), sink
+    engine.dispose()
+
+
+def test_a_batch_is_committed_per_partition_after_the_database(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    _, loop, sink = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 300)
+    lb = records("lb", CASCADE / "lb-access.jsonl", 300)
+    poison = Record("logs", 0, 300, logs[-1].timestamp_ms, None, b'{"log": "cut')
+    source = FakeSource([[*reversed(lb), *logs, poison]])
+    loop.attach(source)
+    assert loop.step() == 601
+    assert source.commits == [
+        {
+            ("lb", 0): Committed(300, f"ts={lb[-1].timestamp_ms}"),
+            ("logs", 0): Committed(301, f"ts={poison.timestamp_ms}"),
+        }
+    ]
+    (topic, value, headers) = sink.sent[0]
+    assert value == poison.value and dict(headers or [])["reason"] == b"malformed_json"
+
+
+def test_a_database_failure_commits_no_offsets(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, loop, _ = loop_parts
+    source = FakeSource([records("logs", CASCADE / "container-logs.jsonl", 50)])
+    loop.attach(source)
+
+    def fail(self: Session) -> None:
+        raise StoreError("database down")
+
+    monkeypatch.setattr(Session, "commit", fail)
+    with pytest.raises(StoreError):
+        loop.step()
+    assert source.commits == []
+
+
+def test_dead_letters_are_stored_with_their_kafka_position(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], sqlite_url: str
+) -> None:
+    _, loop, _ = loop_parts
+    loop.attach(FakeSource([[Record("logs", 3, 41, 1741942800000, None, b"\xff\xfe")]]))
+    loop.step()
+    engine = db.make_engine(sqlite_url)
+    try:
+        with db.session_factory(engine)() as session:
+            (row,) = service.list_dead_letters(session=session)
+    finally:
+        engine.dispose()
+    assert (row.source_origin, row.source_partition, row.source_position) == ("logs", 3, 41)
+    assert row.reason == "not_utf8"
