@@ -104,6 +104,7 @@ def test_a_batch_is_committed_per_partition_after_the_database(
         }
     ]
     (topic, value, headers) = sink.sent[0]
+    assert topic == "detector-dead-letters"
     assert value == poison.value and dict(headers or [])["reason"] == b"malformed_json"
 
 
