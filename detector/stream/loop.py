@@ -69,6 +69,7 @@ class StreamLoop:
         self._rebuild_until: dict[Partition, int] = {}
         self._backoff_s = 0.0
         self._dirty = False  # incidents changed since their questions were last answered
+        self._unkeyed_topics: set[str] = set()
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -128,6 +129,13 @@ class StreamLoop:
         # One poll may hold several partitions' records: take them in event-time order, so
         # the correlator's clock is not pushed ahead by one topic while another lags.
         for record in sorted(records, key=lambda r: r.timestamp_ms):
+            if record.key is None and record.topic not in self._unkeyed_topics:
+                self._unkeyed_topics.add(record.topic)
+                log.warning(
+                    "records without a key topic=%s: correlation is right within this process, "
+                    "but scaling out needs records keyed by workload (see detector produce)",
+                    record.topic,
+                )
             parsed = _parse(record, max_time)
             if self.processor.process(parsed, self._session) is not None:
                 self._dead_letter(record, parsed)
