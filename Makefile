@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: demo test lint services bench fuzz clean
+.PHONY: demo test lint services bench bench-kafka fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ test: lint services
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_replay.py
+
+bench-kafka: $(STAMP)
+	$(BIN)/python bench/bench_kafka.py
 
 fuzz: $(STAMP)
 	$(BIN)/python -m detector.lab.fuzz --records 100000

@@ -57,6 +57,9 @@ class KafkaSettings(BaseModel):
     max_poll_records: int = Field(500, gt=0, description="records per batch (one transaction)")
     poll_timeout_ms: int = Field(500, gt=0, description="how long one poll waits for records")
     backoff_max_s: float = Field(5.0, gt=0, description="cap of the retry back-off on failure")
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="port of the /metrics endpoint of detector run (0: off)"
+    )
     rebuild_max_records: int = Field(
         100_000, gt=0, description="records re-read per partition when time lookup is unusable"
     )

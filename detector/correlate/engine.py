@@ -74,6 +74,11 @@ class Correlator:
                 del self._open[key]
         return out
 
+    @property
+    def open_incidents(self) -> int:
+        """Return how many incidents are open (not resolved)."""
+        return len(self._open)
+
     def context(self, key: str) -> IncidentContext | None:
         """Return the pure view of incident ``key`` for planning and questions."""
         ws = self._open.get(key)

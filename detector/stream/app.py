@@ -34,6 +34,9 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     try:
         ensure_topics(kafka.bootstrap_servers, [kafka.dead_letter_topic])
         loop = StreamLoop(settings, db.session_factory(engine), sink)
+        if kafka.metrics_port:
+            loop.metrics.serve(kafka.metrics_port)
+            log.info("serving /metrics port=%d", kafka.metrics_port)
         source = KafkaSource(kafka, loop.on_assign)
         loop.attach(source)
         log.info("consuming topics=%s group=%s", kafka.topics, kafka.group_id)

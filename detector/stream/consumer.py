@@ -156,6 +156,19 @@ class KafkaSource:
         """Return the partitions this consumer owns now."""
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
 
+    def lag(self) -> dict[Partition, int]:
+        """Return records behind the high watermark per assigned partition (known ones only)."""
+        out: dict[Partition, int] = {}
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            if high is None:
+                continue
+            try:
+                out[(tp.topic, tp.partition)] = max(0, high - self._consumer.position(tp))
+            except (KafkaError, AssertionError) as exc:
+                log.debug("position unknown topic=%s error=%s", tp.topic, exc)
+        return out
+
     def pause(self, partitions: list[Partition]) -> None:
         """Stop fetching ``partitions`` until resumed."""
         self._consumer.pause(*(TopicPartition(*p) for p in partitions))

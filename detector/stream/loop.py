@@ -21,6 +21,7 @@ from detector.errors import ParseError, StoreError, StreamError
 from detector.events.model import SourcePos
 from detector.pipeline import Parsed, Processor, parse_checked
 from detector.stream.consumer import Committed, Partition, Record
+from detector.stream.metrics import LoopMetrics
 from detector.stream.producer import Headers
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Source(Protocol):
     def beginning(self, partition: Partition) -> int: ...
     def seek(self, partition: Partition, offset: int) -> None: ...
     def assignment(self) -> list[Partition]: ...
+    def lag(self) -> dict[Partition, int]: ...
 
 
 class Sink(Protocol):
@@ -59,8 +61,15 @@ class Sink(Protocol):
 class StreamLoop:
     """Run the pipeline on a consumer's batches; ``attach`` a source before ``run``."""
 
-    def __init__(self, settings: Settings, make_session: Callable[[], Session], sink: Sink) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        make_session: Callable[[], Session],
+        sink: Sink,
+        metrics: LoopMetrics | None = None,
+    ) -> None:
         self._settings = settings
+        self.metrics = metrics or LoopMetrics()
         self._make_session = make_session
         self._sink = sink
         self._session = make_session()
@@ -104,15 +113,26 @@ class StreamLoop:
         records = self.source.poll(self._settings.kafka.poll_timeout_ms)
         if not records:
             return 0
+        started = time.perf_counter()
         offsets = self._process(records)
         self._session.commit()
         self._dirty = True
+        self._observe(records, time.perf_counter() - started)
         if offsets:
             try:
                 self.source.commit(offsets)
             except StreamError as exc:  # the rows are stored: a re-delivery is idempotent
                 log.warning("offset commit failed offsets=%s error=%s", sorted(offsets), exc)
         return len(records)
+
+    def _observe(self, records: list[Record], seconds: float) -> None:
+        """Update the loop's metrics after a committed batch."""
+        m = self.metrics
+        m.batch_seconds.observe(seconds)
+        for record in records:
+            m.consumed.labels(record.topic).inc()
+        m.open_incidents.set(self.processor.correlator.open_incidents)
+        m.set_lag(self.source.lag())
 
     def on_assign(self, partitions: list[Partition]) -> None:
         """Rebuild the correlator state of the assigned partitions (see module docstring)."""
@@ -167,6 +187,7 @@ class StreamLoop:
             ("offset", str(record.offset).encode()),
         ]
         self._sink.send(self._settings.kafka.dead_letter_topic, record.value, headers=headers)
+        self.metrics.rejected.labels(record.topic, reason).inc()
         log.info(
             "dead letter topic=%s partition=%d offset=%d reason=%s",
             record.topic, record.partition, record.offset, reason,

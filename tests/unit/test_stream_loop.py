@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from sqlalchemy.orm import Session
 
 from detector import db
@@ -15,6 +18,7 @@ from detector.errors import StoreError
 from detector.incidents import service
 from detector.stream.consumer import Committed, Partition, Record
 from detector.stream.loop import StreamLoop
+from detector.stream.metrics import LoopMetrics
 from detector.stream.producer import Headers
 
 CASCADE = Path(__file__).resolve().parents[2] / "examples" / "cascade"
@@ -47,6 +51,9 @@ class FakeSource:
 
     def assignment(self) -> list[Partition]:
         return []
+
+    def lag(self) -> dict[Partition, int]:
+        return {("logs", 0): 7}
 
 
 class FakeSink:
@@ -138,3 +145,28 @@ def test_dead_letters_are_stored_with_their_kafka_position(
         engine.dispose()
     assert (row.source_origin, row.source_partition, row.source_position) == ("logs", 3, 41)
     assert row.reason == "not_utf8"
+
+
+def test_metrics_count_what_the_loop_did(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 40)
+    loop.attach(FakeSource([[*logs, Record("logs", 0, 40, 1741942800000, None, b"{")]]))
+    loop.step()
+    exposition = generate_latest(loop.metrics.registry).decode()
+    assert 'detector_records_consumed_total{topic="logs"} 41.0' in exposition
+    assert 'detector_records_rejected_total{reason="malformed_json",topic="logs"} 1.0' in exposition
+    assert 'detector_consumer_lag{partition="0",topic="logs"} 7.0' in exposition
+    assert "detector_batch_seconds_count 1.0" in exposition
+
+
+def test_metrics_are_served_over_http() -> None:
+    metrics = LoopMetrics()
+    metrics.open_incidents.set(2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics.serve(port, addr="127.0.0.1")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert "detector_open_incidents 2.0" in response.read().decode()
