@@ -285,11 +285,11 @@ def _from_object(
             return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
         if isinstance(k8s, dict) or obj.get("source_type") == "kubernetes_logs":
             return signals_from_log(parse_vector_event(obj, default_time=default_time), source)
-    lb = lb_access.signals_from_lb_json(obj, source, default_time)  # before the adapter:
-    if lb is not None:  # its Prometheus LB counters arrive as adapter samples too
-        return lb
     if ("labels" in obj and "value" in obj) or ("__name__" in obj and "__value__" in obj):
         return signals_from_adapter_sample(obj, source)
+    lb = lb_access.signals_from_lb_json(obj, source, default_time)
+    if lb is not None:
+        return lb
     if "involvedObject" in obj or "regarding" in obj:
         return signals_from_event(obj, source, default_time=default_time)
     kind = obj.get("kind")

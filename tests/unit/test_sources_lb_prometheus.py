@@ -10,13 +10,20 @@ import pytest
 
 from detector.errors import ParseError
 from detector.events.detect import parse_record
-from detector.events.model import SignalKind, SourcePos
-from detector.events.sources.lb_access import signal_from_raw_lb_line, signals_from_lb_json
+from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.sources.dcgm import signals_from_exposition_line
 from detector.events.sources.lb_prometheus import series_id
+from detector.events.sources.prom_kafka_adapter import signals_from_adapter_sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SRC = SourcePos("metrics", 1)
 SCRAPE = 1734429601.0
+
+
+def counter(text: str, source: SourcePos, default_time: float | None = None) -> Signal | None:
+    """Read one counter exposition line the way bare records are read; None if it says nothing."""
+    signals = signals_from_exposition_line(text, source, default_time=default_time)
+    return signals[0] if signals else None
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -29,7 +36,7 @@ def test_real_samples(row: dict[str, Any]) -> None:
     text = row["text"]
     if row["expect"].startswith("series_only"):
         text += " 17 1734429600000"  # the UI showed the series alone: give it a value and time
-    sig = signal_from_raw_lb_line(text, SRC, SCRAPE)
+    sig = counter(text, SRC, SCRAPE)
     if row["expect"] in ("none", "series_only_skipped"):
         assert sig is None
         return
@@ -46,12 +53,12 @@ def test_real_samples(row: dict[str, Any]) -> None:
 
 
 def test_series_identity_is_stable_and_label_order_free() -> None:
-    a = signal_from_raw_lb_line(
+    a = counter(
         'nginx_ingress_controller_requests{namespace="llm",service="vllm",status="503"} 5 '
         "1734429600000",
         SRC,
     )
-    b = signal_from_raw_lb_line(
+    b = counter(
         'nginx_ingress_controller_requests{status="503",service="vllm",namespace="llm"} 9 '
         "1734429615000",
         SRC,
@@ -97,7 +104,7 @@ def test_series_identity_is_stable_and_label_order_free() -> None:
     ],
 )
 def test_counter_shapes(line: str, expected: dict[str, Any]) -> None:
-    sig = signal_from_raw_lb_line(line, SRC, SCRAPE)
+    sig = counter(line, SRC, SCRAPE)
     assert sig is not None
     for key, value in expected.items():
         assert sig.attrs.get(key) == value, key
@@ -117,7 +124,7 @@ def test_counter_shapes(line: str, expected: dict[str, Any]) -> None:
     ],
 )
 def test_samples_that_say_nothing(line: str) -> None:
-    assert signal_from_raw_lb_line(line, SRC, SCRAPE) is None
+    assert counter(line, SRC, SCRAPE) is None
 
 
 @pytest.mark.parametrize(
@@ -131,7 +138,7 @@ def test_samples_that_say_nothing(line: str) -> None:
 )
 def test_broken_samples(line: str, reason: str) -> None:
     with pytest.raises(ParseError) as err:
-        signal_from_raw_lb_line(line, SRC)
+        counter(line, SRC)
     assert err.value.reason == reason
 
 
@@ -154,10 +161,10 @@ def test_adapter_samples() -> None:
             "response_code": "503",
         },
     }
-    (sig,) = signals_from_lb_json(sample, SRC) or []
+    (sig,) = signals_from_adapter_sample(sample, SRC)
     assert sig.attrs["counter_total"] == 41.0 and sig.attrs["status"] == 503
     assert sig.time == 1734429601.0
-    exposition = signal_from_raw_lb_line(
+    exposition = counter(
         'istio_requests_total{destination_service_name="vllm-llama",'
         'destination_service_namespace="llm",reporter="source",response_code="503"} 41',
         SRC,
@@ -165,16 +172,18 @@ def test_adapter_samples() -> None:
     )
     assert exposition is not None and exposition.attrs["series"] == sig.attrs["series"]
     other = {**sample, "name": "DCGM_FI_DEV_FB_USED", "labels": {}}
-    assert signals_from_lb_json(other, SRC) is None  # not an LB counter: left to the adapter
+    assert all(
+        s.kind is not SignalKind.LB_RESPONSE for s in signals_from_adapter_sample(other, SRC)
+    )
     assert (
-        signals_from_lb_json(
+        signals_from_adapter_sample(
             {**sample, "labels": {**sample["labels"], "reporter": "destination"}}, SRC
         )
         == []
     )
     with pytest.raises(ParseError) as err:
-        signals_from_lb_json({**sample, "value": "x"}, SRC)
+        signals_from_adapter_sample({**sample, "value": "x"}, SRC)
     assert err.value.reason == "bad_value"
     with pytest.raises(ParseError) as err:
-        signals_from_lb_json({k: v for k, v in sample.items() if k != "timestamp"}, SRC)
+        signals_from_adapter_sample({k: v for k, v in sample.items() if k != "timestamp"}, SRC)
     assert err.value.reason == "missing_field"

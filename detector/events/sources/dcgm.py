@@ -25,8 +25,10 @@ from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.sources import lb_prometheus
 from detector.events.sources.engine_metrics import ENGINE_METRICS, engine_pressure_attrs
-from detector.events.sources.timeparse import parse_epoch
+from detector.events.sources.lb_prometheus import LB_COUNTERS
+from detector.events.sources.timeparse import first_label, parse_epoch
 
 MAX_TEXT_CHARS = 2048
 _MIB = 1024 * 1024
@@ -36,7 +38,7 @@ GPU_MEMORY_METRICS: dict[str, str] = {
     "DCGM_FI_DEV_FB_FREE": "free_bytes",
     "DCGM_FI_DEV_FB_TOTAL": "total_bytes",
 }
-KNOWN_METRICS = frozenset(GPU_MEMORY_METRICS) | frozenset(ENGINE_METRICS)
+KNOWN_METRICS = frozenset(GPU_MEMORY_METRICS) | frozenset(ENGINE_METRICS) | LB_COUNTERS
 
 # Identity labels, most specific first: with honor_labels=false Prometheus renames the
 # exporter's pod/namespace/container to exported_* and puts its own target's in pod/namespace.
@@ -95,12 +97,15 @@ def signal_from_sample(
     source: SourcePos,
     text: str,
 ) -> Signal | None:
-    """Map one metric sample to GPU_MEMORY or ENGINE_PRESSURE; None for other metrics or NaN.
+    """Map one metric sample to GPU_MEMORY, ENGINE_PRESSURE or (LB counters) LB_RESPONSE.
 
+    None for other metrics or NaN.
     GPU_MEMORY attrs: used_bytes | free_bytes | total_bytes (MiB x 1048576), gpu, uuid (the
     device UUID, suffixed "/mig<GPU_I_ID>" for a MIG instance), metric. ENGINE_PRESSURE attrs:
     see ``engine_metrics.engine_pressure_attrs`` (engine, kv_cache_usage, requests_waiting ...).
     """
+    if name in LB_COUNTERS:
+        return lb_prometheus.signal_from_sample(name, labels, value, time, source, text)
     mapped = _sample_attrs(name, labels, value)
     if mapped is None:
         return None
@@ -171,12 +176,3 @@ def stamp_time(token: str) -> float:
         return parse_epoch(float(token))
     except ValueError:
         raise ParseError("bad_timestamp", f"not a timestamp: {token[:40]!r}") from None
-
-
-def first_label(labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
-    """Return the first non-empty value of ``keys`` in ``labels``, or None."""
-    for key in keys:
-        value = labels.get(key)
-        if value:
-            return value
-    return None

@@ -10,11 +10,11 @@ string tests (these functions run on every container log line):
   client address, from the timers as pasted, or after an RFC 3339 syslog header);
 - ``http``/``https``/``h2``/``grpcs``/``ws``/``wss``: AWS ALB access-log entry;
 - a syslog header (``Feb  6 ...``, ``<134>``, ``haproxy[pid]:``): HAProxy HTTP log;
-- bare records only: ingress-nginx / Istio / Envoy request counters in exposition format.
 
-JSON records (GCP load-balancer log entries, Envoy JSON, prometheus-kafka-adapter samples of the
-counters) come decoded through ``signals_from_lb_json``. Format modules: ``lb_envoy``,
-``lb_alb``, ``lb_gcp``, ``lb_haproxy``, ``lb_nginx_error``, ``lb_prometheus``; upstream naming
+JSON records (GCP load-balancer log entries, Envoy JSON) come decoded through
+``signals_from_lb_json``; the Prometheus request counters are metric samples, read by ``dcgm``
+and ``prom_kafka_adapter`` and mapped by ``lb_prometheus``. Format modules: ``lb_envoy``,
+``lb_alb``, ``lb_gcp``, ``lb_haproxy``, ``lb_nginx_error``; upstream naming
 rules: ``lb_common``.
 """
 
@@ -31,14 +31,12 @@ from detector.events.sources import (
     lb_gcp,
     lb_haproxy,
     lb_nginx_error,
-    lb_prometheus,
 )
 from detector.events.sources.lb_common import MAX_TEXT_CHARS, LbParse, raw_signal
 
 _SYSLOG_MONTHS = frozenset(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 )
-_COUNTER_FIRST = frozenset("nie")  # first letters of lb_prometheus.PREFIXES
 
 
 def parse_lb_text(text: str) -> LbParse | None:
@@ -105,15 +103,12 @@ def signal_from_lb_line(line: LogLine, source: SourcePos) -> Signal | None:
 def signal_from_raw_lb_line(
     text: str, source: SourcePos, default_time: float | None = None
 ) -> Signal | None:
-    """Return the LB_RESPONSE signal of a bare load-balancer log line or counter sample, or None.
+    """Return the LB_RESPONSE signal of a bare load-balancer log line, or None.
 
     Time: the line's own time field, else ``default_time``; raises
     ``ParseError("missing_timestamp")`` with neither, ``"bad_timestamp"`` for an unreadable
-    time field, and the counter parser's reasons (``lb_prometheus``). Formats: see
-    ``parse_lb_text``; counters: https://prometheus.io/docs/instrumenting/exposition_formats/
+    time field. Formats: see ``parse_lb_text``.
     """
-    if text[:1] in _COUNTER_FIRST and text.startswith(lb_prometheus.PREFIXES):
-        return lb_prometheus.signal_from_exposition_line(text, source, default_time)
     parsed = parse_lb_text(text)
     if parsed is None:
         return None
@@ -126,15 +121,12 @@ def signals_from_lb_json(
     """Return the signals of a JSON load-balancer record, or None if it is not one.
 
     Reads GCP load-balancer log entries (``httpRequest`` + ``resource``), Envoy/Istio JSON
-    access logs (``response_code`` + ``response_flags``/``upstream_cluster``) and
-    prometheus-kafka-adapter samples of the LB counters. Raises ``ParseError``
-    (``missing_timestamp``, ``bad_timestamp``, ``bad_value``, ``missing_field``) for a record
-    of these formats with a bad or missing field. Formats:
-    https://cloud.google.com/load-balancing/docs/https/https-logging-monitoring ,
-    https://github.com/Telefonica/prometheus-kafka-adapter#json
+    access logs (``response_code`` + ``response_flags``/``upstream_cluster``); Prometheus LB
+    counters are read with the other metric samples (``dcgm``, ``prom_kafka_adapter``).
+    Raises ``ParseError`` (``missing_timestamp``, ``bad_timestamp``, ``bad_value``,
+    ``missing_field``) for a record of these formats with a bad or missing field. Formats:
+    https://cloud.google.com/load-balancing/docs/https/https-logging-monitoring
     """
-    if "labels" in obj and "value" in obj:
-        return lb_prometheus.signals_from_adapter_sample(obj, source)
     if "httpRequest" in obj or "http_request" in obj:
         parsed = lb_gcp.parse_entry(obj)
     elif "response_code" in obj or "responseCode" in obj:

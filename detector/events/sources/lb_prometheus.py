@@ -23,78 +23,25 @@ https://www.envoyproxy.io/docs/envoy/latest/configuration/upstream/cluster_manag
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
-from detector.errors import ParseError
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.events.sources.dcgm import first_label, parse_labels, stamp_time
 from detector.events.sources.lb_common import (
     MAX_TEXT_CHARS,
     service_upstream,
     upstream_of_cluster,
 )
-from detector.events.sources.timeparse import parse_time, str_map
+from detector.events.sources.timeparse import first_label
 
 NGINX = "nginx_ingress_controller_requests"
 ISTIO = "istio_requests_total"
 ENVOY_CLASS = "envoy_cluster_upstream_rq_xx"
 ENVOY_CODE = "envoy_cluster_upstream_rq"
 LB_COUNTERS = frozenset({NGINX, ISTIO, ENVOY_CLASS, ENVOY_CODE})
-PREFIXES = (NGINX, ISTIO, ENVOY_CODE)  # a cheap first test: the line starts with one of these
 
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*")
 _CLASS_STATUS = {"1": 100, "2": 200, "3": 300, "4": 400, "5": 503}
 _POD_KEYS = ("pod", "pod_name", "kubernetes_pod_name")
 _NAMESPACE_KEYS = ("namespace", "kubernetes_namespace")
-
-
-def signal_from_exposition_line(
-    text: str, source: SourcePos, default_time: float | None = None
-) -> Signal | None:
-    """Parse an exposition line of an LB counter; None for other metrics and unread samples.
-
-    Time: the sample's timestamp (ms), else ``default_time``. Raises
-    ``ParseError("missing_timestamp")`` with neither, ``"bad_value"`` / ``"bad_timestamp"`` for a
-    broken value or timestamp, ``"malformed_metric"`` for a broken label set. Format:
-    https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
-    """
-    m = _SAMPLE.fullmatch(text)
-    if m is None or m.group(1) not in LB_COUNTERS:
-        return None
-    name, raw_value, stamp = m.group(1), m.group(3), m.group(4)
-    value = _value(raw_value)
-    if stamp is not None:
-        time = stamp_time(stamp)
-    elif default_time is not None:
-        time = default_time
-    else:
-        raise ParseError("missing_timestamp", f"{name} sample without timestamp or scrape time")
-    labels = parse_labels(m.group(2)) if m.group(2) else {}
-    return signal_from_sample(name, labels, value, time, source, text[:MAX_TEXT_CHARS])
-
-
-def signals_from_adapter_sample(sample: dict[str, Any], source: SourcePos) -> list[Signal] | None:
-    """Parse a prometheus-kafka-adapter sample of an LB counter; None for other metrics.
-
-    ``{"timestamp": "...", "value": "503", "name": "...", "labels": {...}}``. Raises
-    ``ParseError("missing_field")`` without a value or timestamp, ``"bad_value"`` /
-    ``"bad_timestamp"`` for broken ones. Format:
-    https://github.com/Telefonica/prometheus-kafka-adapter#json
-    """
-    labels = str_map(sample.get("labels"))
-    name = sample.get("name") or labels.get("__name__")
-    if not isinstance(name, str) or name not in LB_COUNTERS:
-        return None
-    raw_value, raw_time = sample.get("value"), sample.get("timestamp")
-    if raw_value is None or raw_time is None:
-        raise ParseError("missing_field", "value" if raw_value is None else "timestamp")
-    if isinstance(raw_value, bool) or not isinstance(raw_value, str | int | float):
-        raise ParseError("bad_value", f"not a number: {str(raw_value)[:40]!r}")
-    value = _value(str(raw_value))
-    time = parse_time(raw_time)
-    sig = signal_from_sample(name, labels, value, time, source, f"{name} {raw_value}")
-    return [sig] if sig is not None else []
 
 
 def signal_from_sample(
@@ -193,10 +140,3 @@ def _service(namespace: str | None, service: str | None) -> str | None:
 
 def _code(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() and len(value) == 3 else None
-
-
-def _value(token: str) -> float:
-    try:
-        return float(token)
-    except ValueError:
-        raise ParseError("bad_value", f"not a number: {token[:40]!r}") from None

@@ -149,3 +149,12 @@ def first_time(record: dict[str, Any], keys: tuple[str, ...], default_time: floa
     if default_time is None:
         raise ParseError("missing_field", f"no time field ({', '.join(keys)})")
     return default_time
+
+
+def first_label(labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    """Return the first non-empty value of ``keys`` in ``labels``, or None."""
+    for key in keys:
+        value = labels.get(key)
+        if value:
+            return value
+    return None
