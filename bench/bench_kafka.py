@@ -39,7 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from phases import child, print_table, write_cascade  # noqa: E402
+
 PHASES = ("baseline", "product")
+SCRIPT = str(Path(__file__).resolve())
 WAIT_S = 300.0  # bound on every wait for a phase to finish reading
 START_TIMEOUT_S = 30.0
 
@@ -77,40 +80,23 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(tmp)
             common = ["--bootstrap", bootstrap, "--topic", f"bench-{uuid.uuid4().hex[:8]}"]
             extra = ["--records", str(args.records), "--seed", str(args.seed)]
-            prepared = _child("prepare", folder, common + extra)
+            prepared = child(SCRIPT, "prepare", folder, common + extra)
             if "error" in prepared:
                 print(f"prepare failed: {prepared['error']}")
                 return 1
             print(prepared["note"])
-            results = {phase: _child(phase, folder, common) for phase in PHASES}
+            results = {phase: child(SCRIPT, phase, folder, common) for phase in PHASES}
             lat = ["--runs", str(args.runs), "--rate", str(args.rate), "--seed", str(args.seed)]
-            latency = _child("latency", folder, ["--bootstrap", bootstrap, *lat])
+            latency = child(SCRIPT, "latency", folder, ["--bootstrap", bootstrap, *lat])
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    _print_table(results)
+    print_table(results, unit="record")
     _print_latency(latency)
     return 0
 
 
 # --- children --------------------------------------------------------------------------------
-
-
-def _spawn(phase: str, folder: Path, extra: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run this script for one phase in a fresh interpreter (its own peak RSS)."""
-    script = str(Path(__file__).resolve())
-    cmd = [sys.executable, script, "--phase", phase, "--dir", str(folder), *extra]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-
-
-def _child(phase: str, folder: Path, extra: list[str]) -> dict[str, Any]:
-    """Run one phase in a child process and return its measurements (or its error)."""
-    done = _spawn(phase, folder, extra)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        err = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-        return {"error": err[-1]}
-    return dict(json.loads(lines[-1]))
 
 
 def _run_phase(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,24 +118,12 @@ def _ordered(paths: list[Path]) -> list[tuple[bytes | None, bytes, int | None]]:
     return records
 
 
-def _count(paths: list[Path]) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in paths)
-
-
 def _prepare(folder: Path, bootstrap: str, topic: str, target: int, seed: int) -> dict[str, Any]:
     """Write a recording of at least ``target`` records and produce it to ``topic``."""
-    from detector.lab.recording import write_recording
     from detector.stream.producer import KafkaSink, ensure_topics
 
-    outdir = folder / "cascade"
     start = time.perf_counter()
-    one = _count(write_recording("cascade", outdir, seed=seed, scale=1))
-    two = _count(write_recording("cascade", outdir, seed=seed, scale=2))
-    scale = max(1, 2 + math.ceil((target - two) / max(1, two - one)))
-    paths = write_recording("cascade", outdir, seed=seed, scale=scale)
-    while _count(paths) < target:
-        scale += max(1, scale // 20)
-        paths = write_recording("cascade", outdir, seed=seed, scale=scale)
+    paths, scale = write_cascade(folder / "cascade", target, seed)
     generated = time.perf_counter() - start
     records = _ordered(paths)
     size = sum(len(v) for _, v, _ in records)
@@ -465,28 +439,6 @@ def _trigger(records: list[tuple[bytes | None, bytes, int | None]]) -> int:
 
 
 # --- output ----------------------------------------------------------------------------------
-
-
-def _print_table(results: dict[str, dict[str, Any]]) -> None:
-    """Print records/s, microseconds per record, peak RSS and the ratio to the baseline."""
-    base = results["baseline"]
-    base_rate = base["records"] / base["seconds"] if "error" not in base else None
-    print(
-        f"{'phase':<9} {'records':>9} {'seconds':>8} {'records/s':>11} {'us/record':>9} "
-        f"{'peak RSS':>10} {'x baseline':>10}"
-    )
-    for phase, r in results.items():
-        if "error" in r:
-            print(f"{phase:<9} failed: {r['error']}")
-            continue
-        rate = r["records"] / r["seconds"]
-        ratio = f"{rate / base_rate:.2f}" if base_rate else "-"
-        print(
-            f"{phase:<9} {r['records']:>9,} {r['seconds']:>8.2f} {rate:>11,.0f} "
-            f"{1e6 / rate:>9.2f} {r['peak_rss_mib']:>7.0f} MiB {ratio:>10}"
-        )
-        if r.get("note"):
-            print(f"{'':<9} {r['note']}")
 
 
 def _print_latency(r: dict[str, Any]) -> None:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from phases import child, count_records, print_table, spawn, write_cascade  # noqa: E402
+
 PHASES = ("baseline", "product", "core")
+SCRIPT = str(Path(__file__).resolve())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,54 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         folder = Path(tmp)
         extra = ["--records", str(args.records), "--seed", str(args.seed)]
-        done = _spawn("generate", folder, extra)
+        done = spawn(SCRIPT, "generate", folder, extra)
         print(done.stdout.strip() or done.stderr.strip())
         if done.returncode != 0:
             return 1
-        results = {phase: _child(phase, folder) for phase in PHASES}
-    _print_table(results)
+        results = {phase: child(SCRIPT, phase, folder) for phase in PHASES}
+    print_table(results)
     return 0
 
 
 def _generate(outdir: Path, target: int, seed: int) -> None:
     """Write a cascade recording of at least ``target`` records into ``outdir``."""
-    from detector.lab.recording import write_recording
-
     start = time.perf_counter()
-    one = _count(write_recording("cascade", outdir, seed=seed, scale=1))
-    two = _count(write_recording("cascade", outdir, seed=seed, scale=2))
-    scale = max(1, 2 + math.ceil((target - two) / max(1, two - one)))
-    paths = write_recording("cascade", outdir, seed=seed, scale=scale)
-    while _count(paths) < target:
-        scale += max(1, scale // 20)
-        paths = write_recording("cascade", outdir, seed=seed, scale=scale)
+    paths, scale = write_cascade(outdir, target, seed)
     size = sum(p.stat().st_size for p in paths)
     print(
-        f"recording: {_count(paths):,} records in {len(paths)} files, {size / 1e6:.1f} MB, "
-        f"scale {scale}, seed {seed}, generated in {time.perf_counter() - start:.1f} s"
+        f"recording: {count_records(paths):,} records in {len(paths)} files, "
+        f"{size / 1e6:.1f} MB, scale {scale}, seed {seed}, "
+        f"generated in {time.perf_counter() - start:.1f} s"
     )
-
-
-def _count(paths: list[Path]) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in paths)
-
-
-def _spawn(
-    phase: str, folder: Path, extra: list[str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run this script for one phase in a fresh interpreter (its own peak RSS)."""
-    script = str(Path(__file__).resolve())
-    cmd = [sys.executable, script, "--phase", phase, "--dir", str(folder), *(extra or [])]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-
-
-def _child(phase: str, folder: Path) -> dict[str, Any]:
-    """Run one phase in a child process and return its measurements (or its error)."""
-    done = _spawn(phase, folder)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-        return {"error": lines[-1]}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def _run_phase(phase: str, folder: Path) -> dict[str, Any]:
@@ -170,28 +142,6 @@ def _core(paths: list[Path], _folder: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     note = f"{signals:,} signals, {decisions:,} decisions, rejected {rejected:,}"
     return {"records": len(records), "seconds": seconds, "note": note}
-
-
-def _print_table(results: dict[str, dict[str, Any]]) -> None:
-    """Print events/s, microseconds per event, peak RSS and the ratio to the baseline."""
-    base = results["baseline"]
-    base_rate = base["records"] / base["seconds"] if "error" not in base else None
-    print(
-        f"{'phase':<9} {'records':>9} {'seconds':>8} {'events/s':>11} {'us/event':>9} "
-        f"{'peak RSS':>10} {'x baseline':>10}"
-    )
-    for phase, r in results.items():
-        if "error" in r:
-            print(f"{phase:<9} failed: {r['error']}")
-            continue
-        rate = r["records"] / r["seconds"]
-        ratio = f"{rate / base_rate:.2f}" if base_rate else "-"
-        print(
-            f"{phase:<9} {r['records']:>9,} {r['seconds']:>8.2f} {rate:>11,.0f} "
-            f"{1e6 / rate:>9.2f} {r['peak_rss_mib']:>7.0f} MiB {ratio:>10}"
-        )
-        if r.get("note"):
-            print(f"{'':<9} {r['note']}")
 
 
 if __name__ == "__main__":
