@@ -102,8 +102,6 @@ def set_stage(inc: IncidentState, stage: Stage, time: float, reason: str) -> lis
     if inc.stage is stage:
         return []
     inc.stage = stage
-    if stage is Stage.CASCADING:
-        inc.peak_stage = Stage.CASCADING
     inc.contained_at = time if stage is Stage.CONTAINED else None
     return [StageChanged(inc.key, stage, time, reason)]
 

@@ -91,7 +91,6 @@ class IncidentState:
     evidence_counts: Counter[str] = field(default_factory=Counter)
     seen_configs: set[tuple[str, str]] = field(default_factory=set)  # (pod, attrs) attached
     contained_at: float | None = None
-    peak_stage: Stage = Stage.SUSPECTED
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 from detector.events.classify import NUMBER_FIELDS, Classification, OomClass, classify_line
 from detector.events.classify_patterns import GATE_TOKENS
 from detector.events.engine_lines import ENGINE_GATE_TOKENS, parse_engine_line
-from detector.events.model import MAX_TEXT_CHARS, LogLine, Signal, SignalKind, SourcePos
+from detector.events.model import LogLine, Signal, SignalKind, SourcePos
 from detector.events.multiline import MAX_LINE_CHARS, classify_long_line, record_findings
 
 MAX_SCAN_CHARS = MAX_LINE_CHARS  # a line is classified on this prefix (and suffix, if longer)
@@ -90,8 +90,3 @@ def _oom_attrs(verdict: Classification, kind: SignalKind) -> dict[str, Any]:
     if verdict.quoted:
         attrs["quoted"] = True
     return attrs
-
-
-def text_excerpt(text: str) -> str:
-    """Return ``text`` cut to ``MAX_TEXT_CHARS`` characters, as stored in ``Signal.text``."""
-    return text[:MAX_TEXT_CHARS]
