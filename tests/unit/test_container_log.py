@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from detector.events.classify import OomClass, classify_line
-from detector.events.container_log import MAX_TEXT_CHARS, signals_from_log_line
+from detector.events.container_log import signals_from_log_line
 from detector.events.engine_lines import parse_engine_line
-from detector.events.model import LogLine, SignalKind, SourcePos
+from detector.events.model import MAX_TEXT_CHARS, LogLine, SignalKind, SourcePos
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
