@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from detector import db
 from detector.cli.classify import classify_cmd
+from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.report import render_report, to_document
 from detector.cli.settings import cli_settings as _settings
 from detector.cli.stream import incidents_cmd, produce_cmd, run_cmd
@@ -30,6 +31,7 @@ app.command("classify")(classify_cmd)
 app.command("run")(run_cmd)
 app.command("produce")(produce_cmd)
 app.command("incidents")(incidents_cmd)
+app.command("gpu-sample")(gpu_sample_cmd)
 
 
 @app.command("replay")

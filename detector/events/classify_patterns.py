@@ -35,7 +35,9 @@ fixed order and the first match wins. Wordings and their sources:
   https://github.com/NVIDIA/nccl/issues/1235
 - XLA/JAX and TensorFlow ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate N bytes",
   "OOM when allocating tensor ... device:GPU:0"):
-  https://github.com/google-deepmind/alphafold/issues/1023
+  https://github.com/google-deepmind/alphafold/issues/1023; JAX 0.11 logs the shared XLA/TSL BFC
+  allocator's "bfc_allocator.cc:598] Allocator (GPU_0_bfc) ran out of memory trying to allocate"
+  without TensorFlow's path (captured on an H200: tests/unit/fixtures/oom_h200_captured.jsonl)
 - ggml/llama.cpp ("cudaMalloc failed: out of memory", "failed to allocate CUDA0 buffer of size
   N"): https://github.com/ollama/ollama/issues/3683, https://github.com/ggml-org/llama.cpp/issues/20431
 - CUDA runtime ("CUDA error: out of memory", cudaErrorMemoryAllocation = error 2):
@@ -258,6 +260,13 @@ GPU_RULES: Final = _rules(
         GPU,
         "tensorflow",
         "tf_resource_exhausted",
+    ),
+    (  # the same XLA/TSL allocator line without a TensorFlow path: JAX (captured, H200)
+        ("ran out of memory",),
+        r"^(?!.*tensorflow).*Allocator \(GPU_\d+_bfc\) ran out of memory trying to allocate",
+        GPU,
+        "jax",
+        "xla_bfc_allocator",
     ),
     (
         ("ran out of memory",),

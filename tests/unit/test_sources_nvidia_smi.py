@@ -14,6 +14,10 @@ from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import SignalKind, SourcePos
 from detector.events.sources.nvidia_smi import signals_from_csv_line
+from detector.events.sources.nvidia_smi_table import (
+    is_nvidia_smi_table,
+    signals_from_nvidia_smi_table,
+)
 from detector.events.sources.timeparse import parse_iso8601
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -182,3 +186,50 @@ def test_any_row(fields: list[str], default: float | None) -> None:
         return
     for sig in signals or []:
         assert 0 <= sig.attrs["used_bytes"] <= sig.attrs["total_bytes"]
+
+
+# Real output of nvidia-smi 580.159.04 on an NVIDIA H200 (143771 MiB), 2026-11-29, captured by
+# bench/device/capture_gpu.py: idle, and while a torch process held 100 GiB.
+H200_UUID = "GPU-b3f3a64e-498b-373b-e74c-8126d3a663b4"
+
+
+@pytest.mark.parametrize(
+    ("name", "used_mib", "rows"),
+    [
+        ("nvidia_smi_h200_query_loop_idle.csv", 0, 4),  # -lms 500: the header once, then rows
+        ("nvidia_smi_h200_query_holding.csv", 102927, 1),
+    ],
+)
+def test_h200_query_output(name: str, used_mib: int, rows: int) -> None:
+    lines = (FIXTURES / name).read_text().splitlines()
+    assert parse_record(lines[0], SRC) == []  # the header
+    signals = [s for line in lines[1:] for s in parse_record(line, SRC)]
+    assert len(signals) == rows
+    for sig in signals:
+        assert sig.attrs == {
+            "used_bytes": used_mib * MIB,
+            "total_bytes": 143771 * MIB,
+            "gpu": "0",
+            "uuid": H200_UUID,
+            "metric": "nvidia_smi",
+        }
+        assert sig.time > parse_iso8601("2026-11-29T19:07:00Z")
+    assert [s.time for s in signals] == sorted(s.time for s in signals)
+
+
+@pytest.mark.parametrize(
+    ("name", "used_mib", "time"),
+    [
+        ("nvidia_smi_h200_table_idle.txt", 0, "2026-11-29T19:07:24Z"),
+        ("nvidia_smi_h200_table_holding.txt", 102927, "2026-11-29T19:07:31Z"),
+    ],
+)
+def test_h200_table(name: str, used_mib: int, time: str) -> None:
+    text = (FIXTURES / name).read_text()
+    assert is_nvidia_smi_table(text)
+    (sig,) = signals_from_nvidia_smi_table(text, SRC)
+    assert sig.kind is SignalKind.GPU_MEMORY and sig.time == parse_iso8601(time)
+    assert (sig.attrs["used_bytes"], sig.attrs["total_bytes"]) == (used_mib * MIB, 143771 * MIB)
+    assert str(sig.attrs["gpu"]) == "0"  # an int from the table, a string from the CSV query
+    (same,) = parse_record(text, SRC)  # the whole table as one record, through the pipeline
+    assert same.attrs == sig.attrs

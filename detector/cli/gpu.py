@@ -1,0 +1,91 @@
+"""``detector gpu-sample``: GPU memory through NVML, printed as nvidia-smi CSV lines.
+
+The output is what ``nvidia-smi --query-gpu=timestamp,index,uuid,memory.used,memory.total
+--format=csv`` prints per GPU (``detector.gpu.sample``), so a file of it replays with
+``detector replay`` and ships to the ``gpu-metrics`` topic with ``detector produce``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from typing import Annotated, NoReturn
+
+import typer
+
+from detector.gpu.nvml import GpuError, Nvml, open_nvml
+from detector.gpu.sample import sample_lines
+
+DEFAULT_INTERVAL_S = 5.0  # nvidia-smi -l's default
+# A node name the nvidia-smi parser reads as one: lower-case RFC 1123, with a letter in it.
+NODE_NAME = re.compile(r"(?=[a-z0-9.-]*[a-z])[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+NO_DRIVER_HINT = (
+    "no NVIDIA driver reachable here: run it on a GPU node (in Kubernetes, in a pod with the "
+    "NVIDIA container runtime)"
+)
+
+
+def gpu_sample_cmd(
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval", min=0.0, help="seconds between samples (default 5; alone: endless)"
+        ),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            "--count", min=1, help="samples to take (default: 1; endless with --interval)"
+        ),
+    ] = None,
+    node: Annotated[
+        str | None, typer.Option("--node", help="node name to put first on every line")
+    ] = None,
+) -> None:
+    """Print GPU memory as nvidia-smi --query-gpu CSV lines, one per GPU per sample.
+
+    Without --interval and --count: one sample, like nvidia-smi without -l. With --interval
+    alone: until interrupted, like nvidia-smi -l. Times are UTC.
+    """
+    if node is not None and NODE_NAME.fullmatch(node) is None:
+        typer.echo(f"error: --node {node!r} is not a lower-case host name", err=True)
+        raise typer.Exit(2)
+    if count is None and interval is None:
+        count = 1
+    try:
+        nvml = open_nvml()
+    except GpuError as exc:
+        _fail(exc)
+    try:
+        _print_samples(nvml, count, DEFAULT_INTERVAL_S if interval is None else interval, node)
+    except GpuError as exc:
+        _fail(exc)
+    finally:
+        _close(nvml)
+
+
+def _print_samples(nvml: Nvml, count: int | None, interval_s: float, node: str | None) -> None:
+    try:
+        for line in sample_lines(
+            nvml, count=count, interval_s=interval_s, clock=time.time, sleep=time.sleep, node=node
+        ):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()  # a pipe to a file or a shipper sees each sample at once
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends an endless sampler
+    except BrokenPipeError:  # the reader went away (| head): stop, and flush nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _close(nvml: Nvml) -> None:
+    with contextlib.suppress(GpuError):  # nothing left to release
+        nvml.close()
+
+
+def _fail(exc: GpuError) -> NoReturn:
+    hint = f"; {NO_DRIVER_HINT}" if exc.reason == "NVML_ERROR_LIBRARY_NOT_FOUND" else ""
+    typer.echo(f"error: cannot read the GPUs through NVML: {exc}{hint}", err=True)
+    raise typer.Exit(2) from exc

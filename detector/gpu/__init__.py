@@ -1,0 +1,1 @@
+"""GPU readings through NVML: the adapter (``nvml``) and the nvidia-smi-shaped sampler."""
