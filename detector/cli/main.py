@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
+from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
 from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.report import render_report, to_document
@@ -26,6 +27,7 @@ from detector.pipeline import ReplayResult, replay
 app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
 PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this
 app.command("classify")(classify_cmd)
+app.command("ceilings")(ceilings_cmd)
 
 
 app.command("run")(run_cmd)

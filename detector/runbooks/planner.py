@@ -22,6 +22,7 @@ from detector.runbooks.sizing import (
     ceiling_from_evidence,
     coerce_float,
     coerce_int,
+    connection_limit,
 )
 
 RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
@@ -143,13 +144,10 @@ def _rate_limit(
     traffic: Traffic, healthy: int, seen: int, ceiling: CeilingProposal, floors: Floors
 ) -> dict[str, Any]:
     rps_floor = floors.rate_limit_rps or 1
-    conn_floor = floors.limit_connections or 1
-    # with every replica down, size the limit for the first replica that comes back
+    # with every replica down, size the limits for the first replica that comes back
     serving = max(healthy, 1)
-    connections = max(conn_floor, serving * ceiling.proposed)
-    conn_basis = (
-        f"limit-connections = max(floor {conn_floor}, serving {serving} x "
-        f"{ceiling.param} {ceiling.proposed}) = {connections}"
+    connections, conn_basis = connection_limit(
+        healthy, ceiling.proposed, param=ceiling.param, floor=floors.limit_connections or 1
     )
     if traffic.requests == 0 or seen == 0:
         basis = (

@@ -2,9 +2,12 @@
 
 DESIGN.md section 5: KV-cache bytes per token = 2 x layers x KV heads x head dim x bytes per
 element; usable memory = GPU memory x utilization - weights - activation reserve; concurrent
-sequences at length L = usable / (bytes per token x L). ``ceiling_from_evidence`` applies the
-same idea to what the engine logged at start (its KV-cache size in tokens or its "maximum
-concurrency"), and falls back to halving a documented default when nothing was logged.
+sequences at length L = usable / (bytes per token x L). One path serves ``detector ceilings`` and
+the lower-batch-ceiling runbook step: a ``KvCapacity`` (tokens the KV cache holds, from the
+memory formula, ``kv_capacity_from_memory``, or from what the engine logged at start,
+``kv_capacity_from_evidence``) goes through ``safe_ceilings`` to the engines' ceilings;
+``ceiling_from_evidence`` lowers the current ceiling to at most that, or halves a documented
+default when nothing was logged.
 
 Worked example (tests/unit/test_sizing.py): Llama-3.1-8B in bf16 has 32 layers, 8 KV heads and
 head dim 128 (https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json), so
@@ -72,18 +75,59 @@ _DEFAULT_SOURCE = {
     "unknown": "an assumed value (engine unknown; vLLM's default 256 used)",
 }
 
+BLOCK_TOKENS = 16
+"""vLLM's default KV-cache block size on CUDA (``--block-size``): the cache is allocated in whole
+blocks, so a computed capacity is rounded down to it. Source:
+https://docs.vllm.ai/en/latest/configuration/engine_args.html"""
+
+DEFAULT_ACTIVATION_RESERVE_BYTES = 4 * GIB
+"""Memory per GPU kept outside weights and KV cache: the activation peak of a forward pass at the
+batched-token budget, non-torch memory (NCCL, cuBLAS workspaces) and CUDA graphs. 4 GiB covers
+the figures vLLM's memory profiler logs in the public examples at hand - activation peak
+2.53 GiB + non-torch 0.39 GiB (https://github.com/vllm-project/vllm/issues/11251), 0.23 +
+0.16 GiB (shared corpus lookalikes/019) - with room left for CUDA graphs, and gives DESIGN.md's
+worked example its 13 sequences. ``detector ceilings --engine-log`` uses the logged figures
+instead when the profiler line is there; ``--activation-reserve`` overrides it."""
+
+VLLM_BATCHED_TOKENS_LARGE_GPU = 8192
+VLLM_BATCHED_TOKENS_OTHER_GPU = 2048
+"""vLLM's default ``max_num_batched_tokens`` for the OpenAI server: 8192 on GPUs of 70 GiB or
+more (except A100, which gets 2048), else 2048. Source: ``EngineArgs.get_batch_defaults`` in
+https://github.com/vllm-project/vllm/blob/main/vllm/engine/arg_utils.py"""
+
 # Attr names that carry the KV-cache capacity in tokens, and the per-request maximum length.
 _KV_TOKENS_KEYS = ("kv_cache_tokens", "max_total_num_tokens")
 _SEQ_LEN_KEYS = ("max_model_len", "max_total_tokens", "context_length", "context_len")
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int) -> int:
+def kv_heads_per_gpu(kv_heads: int, tensor_parallel: int = 1) -> int:
+    """Return the KV heads one tensor-parallel rank holds: kv_heads / N, at least 1.
+
+    With fewer KV heads than ranks each head is replicated, so every rank still holds one.
+    Source: vLLM ``ModelConfig.get_num_kv_heads``
+    (https://github.com/vllm-project/vllm/blob/main/vllm/config/model.py). Raises ValueError
+    when an input is not positive or the heads do not split evenly over the ranks.
+    """
+    if kv_heads <= 0 or tensor_parallel <= 0:
+        raise ValueError("kv_heads and tensor_parallel must be positive")
+    bigger, smaller = max(kv_heads, tensor_parallel), min(kv_heads, tensor_parallel)
+    if bigger % smaller:
+        raise ValueError(
+            f"{kv_heads} KV heads do not split evenly over tensor parallel {tensor_parallel}"
+        )
+    return max(1, kv_heads // tensor_parallel)
+
+
+def kv_bytes_per_token(
+    layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, *, tensor_parallel: int = 1
+) -> int:
     """Return the KV-cache bytes per token: 2 (K and V) x layers x KV heads x head dim x bytes.
 
     Inputs come from the model's config.json (num_hidden_layers, num_key_value_heads,
     head_dim or hidden_size / num_attention_heads) and the KV-cache dtype (bf16/fp16: 2, fp8: 1).
-    Source: DESIGN.md section 5; https://arxiv.org/abs/2309.06180 (section 2.3).
-    Raises ValueError when an input is not positive.
+    With ``tensor_parallel`` N the KV heads are those of one rank (``kv_heads_per_gpu``), so the
+    result is per GPU. Source: DESIGN.md section 5; https://arxiv.org/abs/2309.06180 (section
+    2.3). Raises ValueError when an input is not positive.
     """
     for name, value in (
         ("layers", layers),
@@ -93,7 +137,7 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
     ):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    return 2 * layers * kv_heads * head_dim * bytes_per_element
+    return 2 * layers * kv_heads_per_gpu(kv_heads, tensor_parallel) * head_dim * bytes_per_element
 
 
 def usable_bytes(
@@ -154,6 +198,186 @@ def coerce_float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _gib(size: float) -> str:
+    return f"{size / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class KvCapacity:
+    """How many tokens one replica's KV cache holds, and where that figure came from.
+
+    ``tokens`` is per replica (every tensor-parallel rank holds the same tokens);
+    ``budget_bytes`` is one GPU's KV-cache memory when known; ``from_log`` is True when the
+    figure is the engine's own startup line, False for the DESIGN.md section 5 formula.
+    """
+
+    tokens: int
+    budget_bytes: int | None
+    basis: str
+    from_log: bool
+
+
+def kv_capacity_from_memory(
+    *,
+    gpu_bytes: int,
+    utilization: float,
+    weights_bytes: int,
+    activation_reserve_bytes: int,
+    bytes_per_token: int,
+) -> KvCapacity:
+    """Return the KV capacity of one GPU's memory: usable bytes / bytes per token.
+
+    Sizes are bytes of one GPU (weights and bytes per token already divided by tensor
+    parallel); tokens are rounded down to whole ``BLOCK_TOKENS`` blocks. Source: DESIGN.md
+    section 5. Raises ValueError as ``usable_bytes`` does, or when bytes_per_token is not
+    positive.
+    """
+    if bytes_per_token <= 0:
+        raise ValueError("bytes_per_token must be positive")
+    budget = usable_bytes(gpu_bytes, utilization, weights_bytes, activation_reserve_bytes)
+    tokens = budget // bytes_per_token // BLOCK_TOKENS * BLOCK_TOKENS
+    basis = (
+        f"{_gib(gpu_bytes)} x {utilization:g} - weights {_gib(weights_bytes)} - reserve "
+        f"{_gib(activation_reserve_bytes)} = {_gib(budget)} for the KV cache / "
+        f"{bytes_per_token:,} bytes per token = {tokens:,} tokens"
+    )
+    return KvCapacity(tokens, budget, basis, from_log=False)
+
+
+def kv_capacity_from_evidence(
+    config: Mapping[str, Any], *, bytes_per_token: int | None = None
+) -> KvCapacity | None:
+    """Return the KV capacity the engine logged at start (engine_config attrs), or None.
+
+    Tried in order: KV-cache tokens (vLLM "GPU KV cache size: N tokens", SGLang
+    max_total_num_tokens, and for TGI max_batch_total_tokens, its KV budget); KV-cache bytes
+    (vLLM "Available KV cache memory: X GiB") / ``bytes_per_token`` of one GPU when given; vLLM
+    "# GPU blocks: N" x block_size (default ``BLOCK_TOKENS``); vLLM "Maximum concurrency for L
+    tokens per request: Xx" x L. Line formats: detector/events/engine_lines.py.
+    """
+    keys: tuple[str, ...] = _KV_TOKENS_KEYS
+    if infer_engine(config) == "tgi":
+        keys = (*keys, "max_batch_total_tokens")
+    logged_bytes = _first_int(config, ("kv_cache_bytes",))
+    budget = logged_bytes[1] if logged_bytes is not None else None
+    if (kv := _first_int(config, keys)) is not None:
+        return KvCapacity(kv[1], budget, f"KV cache {kv[0]} {kv[1]:,} tokens", True)
+    if budget is not None and bytes_per_token:
+        tokens = budget // bytes_per_token // BLOCK_TOKENS * BLOCK_TOKENS
+        basis = f"KV cache {_gib(budget)} / {bytes_per_token:,} bytes per token = {tokens:,} tokens"
+        return KvCapacity(tokens, budget, basis, True)
+    if (blocks := _first_int(config, ("gpu_blocks",))) is not None:
+        size = _first_int(config, ("block_size",)) or ("block_size", BLOCK_TOKENS)
+        tokens = blocks[1] * size[1]
+        basis = f"KV cache {blocks[1]:,} GPU blocks x {size[1]} tokens = {tokens:,} tokens"
+        return KvCapacity(tokens, budget, basis, True)
+    seq = _first_int(config, _SEQ_LEN_KEYS)
+    concurrency = coerce_float(config.get("max_concurrency"))
+    if seq is not None and concurrency is not None and concurrency >= 0:
+        tokens = math.floor(concurrency * seq[1] + 1e-6)
+        basis = (
+            f"engine reports maximum concurrency {concurrency:g}x for requests of "
+            f"{seq[1]:,} tokens = {tokens:,} tokens"
+        )
+        return KvCapacity(tokens, budget, basis, True)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SafeCeilings:
+    """Ceilings that keep every admitted sequence inside one replica's KV cache.
+
+    ``max_num_seqs`` sequences of ``max_model_len`` tokens fit ``kv_cache_tokens`` (0: not
+    even one does); ``max_num_batched_tokens`` is the token budget of one scheduler step.
+    ``settings(engine)`` gives them under each engine's own names.
+    """
+
+    kv_cache_tokens: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    basis: str
+
+    @property
+    def sequences(self) -> float:
+        """Return how many max_model_len sequences the KV cache holds, unrounded."""
+        return self.kv_cache_tokens / self.max_model_len
+
+    def settings(self, engine: str) -> dict[str, int]:
+        """Return the ceilings under ``engine``'s names (vllm, tgi, sglang); KeyError otherwise.
+
+        vLLM max_num_seqs, max_num_batched_tokens, max_model_len
+        (https://docs.vllm.ai/en/latest/configuration/engine_args.html). TGI
+        max_concurrent_requests, max_batch_total_tokens (its KV budget), max_input_tokens
+        (max_total_tokens - 1, the most TGI accepts), max_total_tokens
+        (https://huggingface.co/docs/text-generation-inference/reference/launcher). SGLang
+        max_running_requests, max_total_tokens (its KV pool), chunked_prefill_size,
+        context_length (https://github.com/sgl-project/sglang/blob/main/docs/backend/server_arguments.md).
+        """
+        seqs, length, batched = self.max_num_seqs, self.max_model_len, self.max_num_batched_tokens
+        return {
+            "vllm": {
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": batched,
+                "max_model_len": length,
+            },
+            "tgi": {
+                "max_concurrent_requests": seqs,
+                "max_batch_total_tokens": self.kv_cache_tokens,
+                "max_input_tokens": length - 1,
+                "max_total_tokens": length,
+            },
+            "sglang": {
+                "max_running_requests": seqs,
+                "max_total_tokens": self.kv_cache_tokens,
+                "chunked_prefill_size": batched,
+                "context_length": length,
+            },
+        }[engine]
+
+
+def safe_ceilings(
+    capacity: KvCapacity,
+    max_model_len: int,
+    *,
+    batched_tokens: int = VLLM_BATCHED_TOKENS_LARGE_GPU,
+) -> SafeCeilings:
+    """Return the ceilings that fit ``capacity`` with requests of up to ``max_model_len`` tokens.
+
+    max_num_seqs = tokens // max_model_len (DESIGN.md section 5, rounded down).
+    max_num_batched_tokens = min(batched_tokens, tokens), at least max_num_seqs (vLLM requires
+    it); chunked prefill (vLLM V1 always, SGLang chunked_prefill_size) lets a longer prompt
+    take several steps. Raises ValueError when max_model_len or batched_tokens is not positive.
+    """
+    if max_model_len <= 0 or batched_tokens <= 0:
+        raise ValueError("max_model_len and batched_tokens must be positive")
+    seqs = max_concurrent_sequences(capacity.tokens, 1, max_model_len)
+    batched = max(min(batched_tokens, capacity.tokens), seqs)
+    basis = (
+        f"{capacity.basis} / {max_model_len:,} tokens per request = {seqs} sequences; "
+        f"batched tokens = min({batched_tokens:,}, KV cache) = {batched:,}"
+    )
+    return SafeCeilings(capacity.tokens, max_model_len, seqs, batched, basis)
+
+
+def connection_limit(
+    serving: int, per_replica: int, *, param: str, floor: int = 1
+) -> tuple[int, str]:
+    """Return the gateway's concurrent-connection limit for the capacity left, and its basis.
+
+    limit = max(floor, max(serving, 1) x per-replica ceiling ``param``): with every replica
+    down it is sized for the first one back. Source: DESIGN.md section 5 ("limits come from
+    the healthy capacity left").
+    """
+    replicas = max(serving, 1)
+    limit = max(floor, replicas * per_replica)
+    basis = (
+        f"limit-connections = max(floor {floor}, serving {replicas} x {param} {per_replica}) "
+        f"= {limit}"
+    )
+    return limit, basis
+
+
 @dataclass(frozen=True, slots=True)
 class CeilingProposal:
     """A proposed batch ceiling for one engine, with the numbers behind it.
@@ -203,24 +427,25 @@ def _first_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, i
     return None
 
 
-def kv_fit_from_evidence(config: Mapping[str, Any], engine: str) -> tuple[int | None, str]:
+def kv_fit_from_evidence(
+    config: Mapping[str, Any], capacity: KvCapacity | None = None
+) -> tuple[int | None, str]:
     """Return (full-length sequences the KV cache holds, explanation) from engine_config attrs.
 
-    Uses the KV-cache size in tokens (vLLM "GPU KV cache size: N tokens", SGLang
-    max_total_num_tokens, TGI max_batch_total_tokens) over the per-request maximum length, or
-    else vLLM's "Maximum concurrency for N tokens per request: Xx" line. (None, "") if neither.
+    The capacity is ``capacity`` when given (``detector ceilings`` computes it from the model),
+    else ``kv_capacity_from_evidence``; it goes through ``safe_ceilings`` at the per-request
+    maximum length. With vLLM's "Maximum concurrency ... Xx" but no length, floor(X).
+    (None, "") when neither is known.
     """
-    kv_keys = (*_KV_TOKENS_KEYS, "max_batch_total_tokens") if engine == "tgi" else _KV_TOKENS_KEYS
-    kv = _first_int(config, kv_keys)
+    capacity = capacity if capacity is not None else kv_capacity_from_evidence(config)
     seq = _first_int(config, _SEQ_LEN_KEYS)
-    if kv is not None and seq is not None:
-        fit = kv[1] // seq[1]
-        return fit, f"KV cache {kv[0]} {kv[1]:,} tokens / {seq[0]} {seq[1]:,} = {fit} sequences"
+    if capacity is not None and seq is not None:
+        fit = safe_ceilings(capacity, seq[1]).max_num_seqs
+        return fit, f"{capacity.basis} / {seq[0]} {seq[1]:,} = {fit} sequences"
     concurrency = coerce_float(config.get("max_concurrency"))
     if concurrency is not None and concurrency >= 0:
         fit = math.floor(concurrency)
-        per = f" of {seq[1]:,} tokens" if seq is not None else ""
-        return fit, f"engine reports maximum concurrency {concurrency:g}x for requests{per}"
+        return fit, f"engine reports maximum concurrency {concurrency:g}x = {fit} sequences"
     return None, ""
 
 
@@ -252,13 +477,18 @@ def _current_basis(engine: str, param: str, current: int | None, assumed: int) -
 
 
 def ceiling_from_evidence(
-    config: Mapping[str, Any], *, floor: int = 1, batched_tokens_floor: int = 512
+    config: Mapping[str, Any],
+    *,
+    floor: int = 1,
+    batched_tokens_floor: int = 512,
+    capacity: KvCapacity | None = None,
 ) -> CeilingProposal:
     """Propose a lower batch ceiling from the latest engine_config attrs of the workload.
 
     new = max(floor, min(current // 2, kv_fit)), never above ``current``; ``kv_fit`` is the
-    number of full-length sequences the KV cache holds (see kv_fit_from_evidence), left out
-    when unknown. When the current ceiling was not logged, the engine's documented default
+    number of full-length sequences the KV cache holds (``kv_fit_from_evidence``: the logged
+    capacity, or ``capacity`` when given, through ``safe_ceilings``), left out when unknown.
+    When the current ceiling was not logged, the engine's documented default
     (VLLM_DEFAULT_MAX_NUM_SEQS, TGI_DEFAULT_MAX_CONCURRENT_REQUESTS) is halved instead and the
     basis says it is a default. The token budget (vLLM max_num_batched_tokens, TGI
     max_batch_total_tokens) is halved too when known, never under ``batched_tokens_floor``, the
@@ -269,7 +499,7 @@ def ceiling_from_evidence(
     current = coerce_int(config.get(param))
     current = current if current is not None and current > 0 else None
     assumed = current if current is not None else DEFAULT_CONCURRENCY.get(engine, 256)
-    kv_fit, kv_basis = kv_fit_from_evidence(config, engine)
+    kv_fit, kv_basis = kv_fit_from_evidence(config, capacity)
     target = assumed // 2 if kv_fit is None else min(assumed // 2, kv_fit)
     raw = max(floor, target)
     proposed = raw if current is None else min(current, raw)

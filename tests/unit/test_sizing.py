@@ -7,16 +7,23 @@ from typing import Any
 import pytest
 
 from detector.runbooks.sizing import (
+    DEFAULT_ACTIVATION_RESERVE_BYTES,
     GIB,
     TGI_DEFAULT_MAX_CONCURRENT_REQUESTS,
     VLLM_DEFAULT_MAX_NUM_SEQS,
+    KvCapacity,
     ceiling_from_evidence,
     coerce_float,
     coerce_int,
+    connection_limit,
     infer_engine,
     kv_bytes_per_token,
+    kv_capacity_from_evidence,
+    kv_capacity_from_memory,
+    kv_heads_per_gpu,
     max_concurrent_sequences,
     normalize_engine,
+    safe_ceilings,
     usable_bytes,
 )
 
@@ -282,3 +289,193 @@ def test_infer_engine_prefers_the_named_engine() -> None:
     assert infer_engine({"engine": "sglang", "max_num_seqs": 4}) == "sglang"
     assert infer_engine({"max_running_requests": 4}) == "sglang"
     assert infer_engine({}) == "unknown"
+
+
+# --- KV capacity -> safe ceilings: the one path of `detector ceilings` and the runbook step ---
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "tensor_parallel", "per_gpu"),
+    [(8, 1, 8), (8, 4, 2), (8, 8, 1), (8, 16, 1), (2, 8, 1), (64, 4, 16)],
+)
+def test_kv_heads_per_gpu(kv_heads: int, tensor_parallel: int, per_gpu: int) -> None:
+    assert kv_heads_per_gpu(kv_heads, tensor_parallel) == per_gpu
+
+
+@pytest.mark.parametrize(("kv_heads", "tensor_parallel"), [(8, 3), (6, 4), (0, 1), (8, 0)])
+def test_kv_heads_that_do_not_split_are_rejected(kv_heads: int, tensor_parallel: int) -> None:
+    with pytest.raises(ValueError):
+        kv_heads_per_gpu(kv_heads, tensor_parallel)
+
+
+def test_tensor_parallel_divides_the_kv_heads_of_one_gpu() -> None:
+    # Qwen2.5-72B: 80 layers, 8 KV heads, head dim 128, bf16; TP 4 -> 2 heads per GPU:
+    # 2 x 80 x 2 x 128 x 2 = 81,920 bytes per token per GPU (327,680 for the whole model).
+    assert kv_bytes_per_token(80, 8, 128, 2) == 327_680
+    assert kv_bytes_per_token(80, 8, 128, 2, tensor_parallel=4) == 81_920
+
+
+def test_capacity_from_memory_is_the_design_example() -> None:
+    # 77,309,411,328 - 16,060,522,496 (weights) - 4,294,967,296 (reserve) = 56,953,921,536
+    # bytes; / 131,072 = 434,523.9 -> 434,523 -> whole 16-token blocks: 434,512 tokens.
+    capacity = kv_capacity_from_memory(
+        gpu_bytes=80 * GIB,
+        utilization=0.90,
+        weights_bytes=LLAMA_31_8B_PARAMS * 2,
+        activation_reserve_bytes=DEFAULT_ACTIVATION_RESERVE_BYTES,
+        bytes_per_token=128 * 1024,
+    )
+    assert (capacity.tokens, capacity.budget_bytes) == (434_512, 56_953_921_536)
+    assert not capacity.from_log
+    assert "53.04 GiB" in capacity.basis
+    assert safe_ceilings(capacity, SEQ_32K).max_num_seqs == 13  # 434,512 / 32,768 = 13.26
+
+
+def test_capacity_from_memory_rejects_a_zero_token_size() -> None:
+    with pytest.raises(ValueError):
+        kv_capacity_from_memory(
+            gpu_bytes=GIB,
+            utilization=0.9,
+            weights_bytes=0,
+            activation_reserve_bytes=0,
+            bytes_per_token=0,
+        )
+
+
+EVIDENCE_CASES: list[tuple[str, dict[str, Any], int | None, int | None]] = [
+    (
+        "vLLM 'GPU KV cache size' tokens",
+        {"engine": "vllm", "kv_cache_tokens": 443_024},
+        None,
+        443_024,
+    ),
+    ("SGLang pool", {"engine": "sglang", "max_total_num_tokens": 298_447}, None, 298_447),
+    (
+        "TGI warmup total tokens",
+        {"engine": "tgi", "max_batch_total_tokens": 100_000},
+        None,
+        100_000,
+    ),
+    (
+        "max_batch_total_tokens is no KV size for vLLM",
+        {"engine": "vllm", "max_batch_total_tokens": 100_000},
+        None,
+        None,
+    ),
+    # 54.08 GiB = 58,067,957,842 bytes / 131,072 = 443,023.7 -> 443,023 -> 443,008 (blocks)
+    (
+        "'Available KV cache memory' over bytes per token",
+        {"kv_cache_bytes": 58_067_957_842},
+        131_072,
+        443_008,
+    ),
+    (
+        "KV bytes without bytes per token say nothing",
+        {"kv_cache_bytes": 58_067_957_842},
+        None,
+        None,
+    ),
+    ("V0 '# GPU blocks' x 16", {"gpu_blocks": 1381}, None, 22_096),
+    ("GPU blocks x a logged block size", {"gpu_blocks": 1381, "block_size": 32}, None, 44_192),
+    # 13.52 x 32,768 = 443,023.36 -> 443,023
+    (
+        "maximum concurrency x its length",
+        {"max_concurrency": 13.52, "max_model_len": SEQ_32K},
+        None,
+        443_023,
+    ),
+    ("concurrency without a length", {"max_concurrency": 13.52}, None, None),
+    ("nothing", {"engine": "vllm", "max_num_seqs": 256}, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "per_token", "tokens"),
+    [c[1:] for c in EVIDENCE_CASES],
+    ids=[c[0] for c in EVIDENCE_CASES],
+)
+def test_capacity_from_evidence(
+    config: dict[str, Any], per_token: int | None, tokens: int | None
+) -> None:
+    capacity = kv_capacity_from_evidence(config, bytes_per_token=per_token)
+    assert (capacity.tokens if capacity else None) == tokens
+    if capacity is not None:
+        assert capacity.from_log and capacity.basis
+
+
+def _capacity(tokens: int) -> KvCapacity:
+    return KvCapacity(tokens, None, f"{tokens} tokens", from_log=False)
+
+
+def test_safe_ceilings_name_each_engines_parameters() -> None:
+    safe = safe_ceilings(_capacity(434_512), SEQ_32K)
+    assert (safe.max_num_seqs, safe.max_num_batched_tokens) == (13, 8192)
+    assert safe.sequences == pytest.approx(13.26, abs=0.005)
+    assert safe.settings("vllm") == {
+        "max_num_seqs": 13,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": SEQ_32K,
+    }
+    assert safe.settings("tgi") == {
+        "max_concurrent_requests": 13,
+        "max_batch_total_tokens": 434_512,
+        "max_input_tokens": SEQ_32K - 1,
+        "max_total_tokens": SEQ_32K,
+    }
+    assert safe.settings("sglang") == {
+        "max_running_requests": 13,
+        "max_total_tokens": 434_512,
+        "chunked_prefill_size": 8192,
+        "context_length": SEQ_32K,
+    }
+    with pytest.raises(KeyError):
+        safe.settings("triton")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "length", "budget", "seqs", "batched"),
+    [
+        (434_512, SEQ_32K, 8192, 13, 8192),
+        (5000, 4096, 8192, 1, 5000),  # never more tokens per step than the cache holds
+        (40_000, 100, 16, 400, 400),  # vLLM needs at least max_num_seqs batched tokens
+        (1000, 4096, 8192, 0, 1000),  # not even one request fits
+    ],
+)
+def test_safe_ceilings_bounds(
+    tokens: int, length: int, budget: int, seqs: int, batched: int
+) -> None:
+    safe = safe_ceilings(_capacity(tokens), length, batched_tokens=budget)
+    assert (safe.max_num_seqs, safe.max_num_batched_tokens) == (seqs, batched)
+
+
+def test_safe_ceilings_reject_a_zero_length() -> None:
+    with pytest.raises(ValueError):
+        safe_ceilings(_capacity(1000), 0)
+
+
+@pytest.mark.parametrize(
+    ("serving", "per_replica", "floor", "limit"),
+    [(2, 13, 1, 26), (0, 13, 1, 13), (3, 0, 4, 4)],
+)
+def test_connection_limit(serving: int, per_replica: int, floor: int, limit: int) -> None:
+    got, basis = connection_limit(serving, per_replica, param="max_num_seqs", floor=floor)
+    assert got == limit
+    assert basis.endswith(f"= {limit}")
+
+
+def test_the_runbook_step_takes_a_computed_capacity() -> None:
+    # detector ceilings passes the capacity it computed from the model: min(256 // 2, 13) = 13.
+    proposal = ceiling_from_evidence(
+        {"engine": "vllm", "max_num_seqs": 256, "max_model_len": SEQ_32K},
+        capacity=_capacity(434_512),
+    )
+    assert (proposal.kv_fit, proposal.proposed) == (13, 13)
+    assert "434512 tokens / max_model_len 32,768 = 13 sequences" in proposal.basis
+
+
+def test_the_runbook_step_reads_gpu_blocks() -> None:
+    # V0 "# GPU blocks: 1381" at 16 tokens = 22,096 tokens / 2,048 = 10 sequences.
+    proposal = ceiling_from_evidence(
+        {"engine": "vllm", "max_num_seqs": 256, "gpu_blocks": 1381, "max_model_len": 2048}
+    )
+    assert (proposal.kv_fit, proposal.proposed) == (10, 10)
