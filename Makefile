@@ -22,6 +22,18 @@ services:
 	  pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
 	@for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	  echo "PostgreSQL did not start on 127.0.0.1:5432" >&2; exit 1
+	@# nginx for tests/integration/test_nginx_actuator.py: installed, never started here (the
+	@# tests start their own); policy-rc.d exit 101 keeps the package from starting a system one.
+	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then \
+	  [ "$$(id -u)" = 0 ] || { echo "nginx missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing the Debian package nginx"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
+	  fi; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends nginx; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check detector tests bench migrations

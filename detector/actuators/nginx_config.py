@@ -1,0 +1,153 @@
+"""What the nginx rate-limit step writes: the request, its validation and the two files. Pure.
+
+Two include files, each written whole by the detector, wired once by the operator:
+
+    http {
+        include /etc/nginx/detector/http.conf;          # limit_req_zone (http context only)
+        server {
+            location / {
+                include /etc/nginx/detector/location.conf;   # limit_req + limit_req_status
+                proxy_pass http://llm;
+            }
+        }
+    }
+
+Both files must exist before nginx starts (create them empty); with no limit in force they
+hold comments only. ``limit_req_zone`` is valid only in ``http``; ``limit_req`` and
+``limit_req_status`` in ``http``, ``server`` and ``location``.
+Source: https://nginx.org/en/docs/http/ngx_http_limit_req_module.html
+
+Semantics (same page, and https://blog.nginx.org/blog/rate-limiting-nginx): one leaky bucket
+per key value, drained at ``rate``; with ``nodelay``, up to ``burst`` requests above the rate
+are served at once and any beyond are answered ``limit_req_status`` (429 here) immediately. The
+first request of a key is free, so a tight burst of N requests over D seconds gets at most
+1 + burst + floor(rate x D) answers that are not 429.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from detector.actuators.base import ActuatorError
+from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
+from detector.runbooks.sizing import coerce_int
+
+DEFAULT_ZONE_SIZE = "10m"
+"""Shared memory per zone: 1 MB holds about 16,000 states of 64 bytes (nginx docs above)."""
+
+GLOBAL_KEY = "global"
+"""A constant key: one bucket for every client, so the limit is the workload's total rate,
+which is what the runbook computes. ``$binary_remote_addr`` limits each client IP instead."""
+
+HEADER = (
+    "# Managed by the GPU OOM cascade detector (runbook step enable_rate_limit).\n"
+    "# Rewritten whole on every apply and revert; edits here are overwritten.\n"
+)
+_ZONE = re.compile(r"[A-Za-z0-9_]{1,64}")
+_ZONE_SIZE = re.compile(r"[1-9][0-9]{0,9}[kKmM]?")
+_KEY = re.compile(r"[$A-Za-z0-9_]{1,128}")
+_NOT_ZONE_CHARS = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def _invalid(detail: str) -> ActuatorError:
+    return ActuatorError("invalid_request", detail)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """One nginx ``limit_req`` rate limit.
+
+    ``rate_per_s``: requests per second (>= 1, nginx ``rate=Nr/s``); ``burst``: requests above
+    the rate served at once (>= 0; 0 leaves ``burst`` out, nginx's default); ``zone``: the
+    shared memory zone name (letters, digits, ``_``); ``zone_size``: its size (``10m``,
+    ``512k``); ``key``: a constant or nginx variables (``$binary_remote_addr``); ``status``:
+    the rejection status, 400-599. Values are checked so nothing but these tokens reaches the
+    config. Raises ActuatorError(``invalid_request``) on a bad value.
+    """
+
+    zone: str
+    rate_per_s: int
+    burst: int = 0
+    zone_size: str = DEFAULT_ZONE_SIZE
+    key: str = GLOBAL_KEY
+    status: int = 429
+
+    def __post_init__(self) -> None:
+        for name, value in (("rate_per_s", self.rate_per_s), ("burst", self.burst)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _invalid(f"{name} must be an int, got {value!r}")
+        if self.rate_per_s < 1:
+            raise _invalid(f"rate_per_s must be at least 1, got {self.rate_per_s}")
+        if self.burst < 0:
+            raise _invalid(f"burst must not be negative, got {self.burst}")
+        for name, text, pattern in (
+            ("zone", self.zone, _ZONE),
+            ("zone_size", self.zone_size, _ZONE_SIZE),
+            ("key", self.key, _KEY),
+        ):
+            if not isinstance(text, str) or not pattern.fullmatch(text):
+                raise _invalid(f"{name} {text!r} does not match {pattern.pattern}")
+        if not 400 <= self.status <= 599:
+            raise _invalid(f"status must be in 400-599 (limit_req_status), got {self.status}")
+
+    def describe(self) -> str:
+        """Return a one-line summary, e.g. ``limit_req 2 r/s burst 0 zone=z (10m) -> 429``."""
+        return (
+            f"limit_req {self.rate_per_s} r/s burst {self.burst} key {self.key} "
+            f"zone={self.zone} ({self.zone_size}) -> {self.status}"
+        )
+
+
+def zone_name(namespace: str, workload: str) -> str:
+    """Return ``detector_<namespace>_<workload>`` with other characters as ``_``, 64 at most."""
+    raw = f"detector_{namespace}_{workload}"
+    return _NOT_ZONE_CHARS.sub("_", raw)[:64]
+
+
+def rate_limit_from_step(
+    step: PlannedStep,
+    *,
+    burst: int = 0,
+    zone_size: str = DEFAULT_ZONE_SIZE,
+    key: str = GLOBAL_KEY,
+) -> RateLimit:
+    """Return the RateLimit of a planned ``enable_rate_limit`` step.
+
+    The rate is the step's ``limit_rps`` param, as computed by
+    ``detector.runbooks.planner.build_variables`` (the healthy ok rate before the last victim,
+    scaled to the replicas serving, never under the floor) and rendered by the runbook; the
+    zone is named after its ``namespace`` and ``ingress`` params. Raises
+    ActuatorError(``invalid_request``) for another action or a missing / non-integer rate.
+    """
+    if step.action is not Action.ENABLE_RATE_LIMIT:
+        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit")
+    rate = coerce_int(step.params.get("limit_rps"))
+    if rate is None:
+        raise _invalid(f"step {step.step_id!r} has no integer limit_rps param")
+    zone = zone_name(step.params.get("namespace", ""), step.params.get("ingress", ""))
+    return RateLimit(zone=zone, rate_per_s=rate, burst=burst, zone_size=zone_size, key=key)
+
+
+def render_http(limit: RateLimit | None) -> str:
+    """Return the http-context include: the ``limit_req_zone`` line, or comments only."""
+    text = HEADER + "# Include once inside http {}.\n"
+    if limit is None:
+        return text + "# No rate limit in force.\n"
+    return (
+        text + f"limit_req_zone {limit.key} zone={limit.zone}:{limit.zone_size} "
+        f"rate={limit.rate_per_s}r/s;\n"
+    )
+
+
+def render_location(limit: RateLimit | None) -> str:
+    """Return the server/location include: ``limit_req`` and ``limit_req_status``, or comments.
+
+    ``burst=0`` is left out: nginx rejects it as invalid, and 0 is its default.
+    """
+    text = HEADER + "# Include in the server {} or location {} that proxies to the workload.\n"
+    if limit is None:
+        return text + "# No rate limit in force.\n"
+    burst = f" burst={limit.burst}" if limit.burst else ""
+    return text + f"limit_req zone={limit.zone}{burst} nodelay;\nlimit_req_status {limit.status};\n"
