@@ -60,6 +60,12 @@ class KafkaSettings(BaseModel):
     metrics_port: int = Field(
         0, ge=0, le=65535, description="port of the /metrics endpoint of detector run (0: off)"
     )
+    reorder_max_records: int = Field(
+        20_000, gt=0, description="records held back to align partitions in event time"
+    )
+    reorder_max_hold_s: float = Field(
+        2.0, gt=0, description="longest wait without a release before held records go through"
+    )
     rebuild_max_records: int = Field(
         100_000, gt=0, description="records re-read per partition when time lookup is unusable"
     )

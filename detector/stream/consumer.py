@@ -13,6 +13,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -61,6 +62,9 @@ class _Listener(ConsumerRebalanceListener):
 class KafkaSource:
     """Consume ``topics`` in a consumer group without auto-commit; raises StreamError.
 
+    The range assignor gives partition i of every topic to the same process, so a workload's
+    records (keyed by workload, hence in the same partition number of every topic when the
+    topics have the same partition count) are correlated in one process.
     ``on_assign`` runs on the polling thread, inside the ``poll`` that saw the assignment;
     that poll returns no records (they were not committed, so none is lost), which lets
     ``on_assign`` seek before anything of the new assignment is processed.
@@ -80,6 +84,7 @@ class KafkaSource:
                 heartbeat_interval_ms=max(100, settings.session_timeout_ms // 3),
                 max_poll_interval_ms=settings.max_poll_interval_ms,
                 max_poll_records=settings.max_poll_records,
+                partition_assignment_strategy=(RangePartitionAssignor,),
             )
             self._listener = _Listener()
             self._on_assign = on_assign
@@ -168,14 +173,6 @@ class KafkaSource:
             except (KafkaError, AssertionError) as exc:
                 log.debug("position unknown topic=%s error=%s", tp.topic, exc)
         return out
-
-    def pause(self, partitions: list[Partition]) -> None:
-        """Stop fetching ``partitions`` until resumed."""
-        self._consumer.pause(*(TopicPartition(*p) for p in partitions))
-
-    def resume(self, partitions: list[Partition]) -> None:
-        """Fetch ``partitions`` again."""
-        self._consumer.resume(*(TopicPartition(*p) for p in partitions))
 
     def close(self) -> None:
         """Leave the group and close the connections (without committing)."""

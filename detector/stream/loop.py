@@ -23,6 +23,7 @@ from detector.pipeline import Parsed, Processor, parse_checked
 from detector.stream.consumer import Committed, Partition, Record
 from detector.stream.metrics import LoopMetrics
 from detector.stream.producer import Headers
+from detector.stream.reorder import ReorderBuffer
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,10 @@ class StreamLoop:
         self._session = make_session()
         self.processor = Processor.from_settings(settings)
         self._source: Source | None = None
+        kafka = settings.kafka
+        self._held = ReorderBuffer(kafka.reorder_max_records, kafka.reorder_max_hold_s)
         self._rebuild_until: dict[Partition, int] = {}
+        self._done: dict[Partition, Record] = {}  # the processed record of highest offset
         self._backoff_s = 0.0
         self._dirty = False  # incidents changed since their questions were last answered
         self._unkeyed_topics: set[str] = set()
@@ -109,43 +113,57 @@ class StreamLoop:
         self._session.close()
 
     def step(self) -> int:
-        """Poll, process and commit one batch; return its size. Raises StoreError/StreamError."""
-        records = self.source.poll(self._settings.kafka.poll_timeout_ms)
+        """Poll, process and commit one batch; return how many records were polled.
+
+        The polled records pass the reorder buffer (``detector.stream.reorder``) first; what
+        it releases is processed in event-time order, and only offsets below every held record
+        are committed. Raises StoreError/StreamError.
+        """
+        source = self.source
+        polled = source.poll(self._settings.kafka.poll_timeout_ms)
+        self._held.add(polled)
+        lag = source.lag()
+        behind = [p for p, n in lag.items() if n > 0]
+        records = self._held.release(behind)
         if not records:
-            return 0
+            return len(polled)
         started = time.perf_counter()
         offsets = self._process(records)
         self._session.commit()
         self._dirty = True
-        self._observe(records, time.perf_counter() - started)
+        self._observe(records, time.perf_counter() - started, lag)
         if offsets:
             try:
-                self.source.commit(offsets)
+                source.commit(offsets)
             except StreamError as exc:  # the rows are stored: a re-delivery is idempotent
                 log.warning("offset commit failed offsets=%s error=%s", sorted(offsets), exc)
-        return len(records)
+        return len(polled)
 
-    def _observe(self, records: list[Record], seconds: float) -> None:
+    def _observe(self, records: list[Record], seconds: float, lag: dict[Partition, int]) -> None:
         """Update the loop's metrics after a committed batch."""
         m = self.metrics
         m.batch_seconds.observe(seconds)
         for record in records:
             m.consumed.labels(record.topic).inc()
         m.open_incidents.set(self.processor.correlator.open_incidents)
-        m.set_lag(self.source.lag())
+        m.held.set(len(self._held))
+        m.set_lag(lag)
 
     def on_assign(self, partitions: list[Partition]) -> None:
         """Rebuild the correlator state of the assigned partitions (see module docstring)."""
         log.info("partitions assigned partitions=%s", partitions)
         self.processor = Processor.from_settings(self._settings)
         self._rebuild_until.clear()
+        self._held.clear()
+        self._done.clear()
+        _warn_unless_copartitioned(partitions)
         for partition in partitions:
             self._rebuild(partition)
 
     def _process(self, records: list[Record]) -> dict[Partition, Committed]:
         max_time = time.time() + MAX_FUTURE_S
         sent = 0
-        last: dict[Partition, Record] = {}
+        touched: set[Partition] = set()
         # One poll may hold several partitions' records: take them in event-time order, so
         # the correlator's clock is not pushed ahead by one topic while another lags.
         for record in sorted(records, key=lambda r: r.timestamp_ms):
@@ -161,21 +179,30 @@ class StreamLoop:
                 self._dead_letter(record, parsed)
                 sent += 1
             key = (record.topic, record.partition)
-            if key not in last or record.offset > last[key].offset:
-                last[key] = record
+            touched.add(key)
+            done = self._done.get(key)
+            if done is None or record.offset > done.offset:
+                self._done[key] = record
         if sent:
             self._sink.flush()
-        return self._offsets(last)
+        return self._offsets(touched)
 
-    def _offsets(self, last: dict[Partition, Record]) -> dict[Partition, Committed]:
-        """Return the positions to commit: past the batch, never back into a rebuild."""
+    def _offsets(self, touched: set[Partition]) -> dict[Partition, Committed]:
+        """Return the positions to commit: past what was processed, below every held record
+        (records leave the buffer in time order, not offset order), never back into a rebuild."""
+        held = self._held.first_held() if len(self._held) else {}
         offsets: dict[Partition, Committed] = {}
-        for partition, record in last.items():
+        for partition in touched:
+            record = self._done[partition]
+            position, ts_ms = record.offset + 1, record.timestamp_ms
+            first = held.get(partition)
+            if first is not None and first.offset < position:
+                position, ts_ms = first.offset, min(ts_ms, first.timestamp_ms)
             until = self._rebuild_until.get(partition)
-            if until is not None and record.offset + 1 <= until:
+            if until is not None and position <= until:
                 continue
             self._rebuild_until.pop(partition, None)
-            offsets[partition] = Committed(record.offset + 1, f"ts={record.timestamp_ms}")
+            offsets[partition] = Committed(position, f"ts={ts_ms}")
         return offsets
 
     def _dead_letter(self, record: Record, parsed: Parsed) -> None:
@@ -251,6 +278,25 @@ class StreamLoop:
 
     def _assignment(self) -> list[Partition]:
         return [] if self._source is None else self._source.assignment()
+
+
+def _warn_unless_copartitioned(partitions: list[Partition]) -> None:
+    """Warn when this process owns partition i of one topic but not of another.
+
+    Records are keyed by workload, so a workload's records sit in the same partition number of
+    every topic only when the topics have the same partition count; the range assignor then
+    gives that number of every topic to one process.
+    """
+    by_topic: dict[str, set[int]] = {}
+    for topic, number in partitions:
+        by_topic.setdefault(topic, set()).add(number)
+    if len({frozenset(numbers) for numbers in by_topic.values()}) > 1:
+        log.warning(
+            "topics are not co-partitioned in this process (give every topic the same "
+            "partition count): a workload's streams may be split between processes "
+            "assignment=%s",
+            partitions,
+        )
 
 
 def _parse(record: Record, max_time: float) -> Parsed:

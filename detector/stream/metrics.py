@@ -36,6 +36,11 @@ class LoopMetrics:
             ["topic", "partition"],
             registry=self.registry,
         )
+        self.held = Gauge(
+            "detector_reorder_held_records",
+            "Records held back to align partitions in event time",
+            registry=self.registry,
+        )
         self.open_incidents = Gauge(
             "detector_open_incidents", "Incidents not yet resolved", registry=self.registry
         )

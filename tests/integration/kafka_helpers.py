@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
+from detector.cli.report import incident_document
 from detector.config import Settings
+from detector.incidents import service
+from detector.incidents.schemas import IncidentOut
 from detector.stream.app import keyed_records
 from detector.stream.producer import KafkaSink, ensure_topics
 
@@ -119,3 +126,88 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
         proc.kill()
         proc.wait()
         raise
+
+
+def last_assignment(log_path: Path) -> list[tuple[str, int]]:
+    """Return the partitions of the last ``partitions assigned`` line of a detector's log."""
+    found: list[tuple[str, int]] = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if "partitions assigned partitions=" in line:
+            found = ast.literal_eval(line.split("partitions assigned partitions=", 1)[1])
+    return found
+
+
+def wait_assigned(logs: list[Path], partitions: int, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Wait until the detectors' last assignments split ``partitions`` among all of them."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        assert all(p.poll() is None for p in procs), "a detector exited"
+        owned = [last_assignment(log) for log in logs]
+        everything = [p for parts in owned for p in parts]
+        if all(owned) and len(everything) == len(set(everything)) == partitions:
+            return
+        assert time.monotonic() < deadline, f"assignments {owned}"
+        time.sleep(0.2)
+
+
+def wait_consumed(
+    bootstrap: str,
+    prefix: str,
+    expected: dict[str, int],
+    partitions: int,
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """Wait until the group's commits over all ``partitions`` of each topic sum to ``expected``."""
+    tps = [TopicPartition(t, p) for t in expected for p in range(partitions)]
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=f"{prefix}-group", enable_auto_commit=False
+    )
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while True:
+            assert any(p.poll() is None for p in procs), "every detector exited"
+            got = dict.fromkeys(expected, 0)
+            for tp in tps:
+                got[tp.topic] += max(0, consumer.committed(tp) or 0)
+            if all(got[t] >= n for t, n in expected.items()):
+                return
+            assert time.monotonic() < deadline, f"committed {got}, expected {expected}"
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
+def incidents_in(db_url: str) -> list[dict[str, Any]]:
+    """Return the stored incidents as ``replay --json`` documents."""
+    engine = create_engine(db_url)
+    try:
+        with Session(engine) as session:
+            return [
+                incident_document(IncidentOut.model_validate(i).model_dump(mode="json"))
+                for i in service.list_incidents(session=session)
+            ]
+    finally:
+        engine.dispose()
+
+
+def core_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """Return what must not depend on the interleaving of the four topics.
+
+    Evidence kept per kind and the stage changes after the cascade (contained, when) depend
+    on how far one topic's backlog runs ahead of another's; victims, steps and notes do not.
+    """
+    timeline = [
+        (t["time"], t["kind"], t["message"])
+        for t in doc["timeline"]
+        if t["kind"] in ("note", "step") or t["message"].startswith("victim")
+    ]
+    reached = {t["message"].split(":")[0] for t in doc["timeline"] if t["kind"] == "stage"}
+    stages = reached & {"stage -> suspected", "stage -> cascading"}
+    steps = [(s["position"], s["action"], s["status"]) for s in doc["steps"]]
+    return {
+        "key": doc["key"],
+        "pods": doc["pods"],
+        "steps": steps,
+        "timeline": sorted(timeline),
+        "stages": stages,
+    }

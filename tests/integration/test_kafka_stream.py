@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka_helpers import (
     CASCADE,
     STREAMS,
     WAIT_S,
+    core_of,
+    incidents_in,
     produce,
     start_detector,
     stop,
@@ -20,55 +21,19 @@ from kafka_helpers import (
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from detector.cli.report import incident_document, to_document
+from detector.cli.report import to_document
 from detector.config import Settings
 from detector.incidents import service
 from detector.incidents.models import TimelineEntry
-from detector.incidents.schemas import IncidentOut
 from detector.pipeline import replay
 
 FIRST_OOM_MS = 1741943017_000  # the cascade's first GPU OOM (its incident key's time)
-
-
-def _incidents(db_url: str) -> list[dict[str, Any]]:
-    engine = create_engine(db_url)
-    try:
-        with Session(engine) as session:
-            return [
-                incident_document(IncidentOut.model_validate(i).model_dump(mode="json"))
-                for i in service.list_incidents(session=session)
-            ]
-    finally:
-        engine.dispose()
 
 
 def _produce_all(bootstrap: str, prefix: str) -> dict[str, int]:
     return {
         f"{prefix}-{suffix}": produce(bootstrap, f"{prefix}-{suffix}", CASCADE / name)
         for name, suffix in STREAMS.items()
-    }
-
-
-def _core(doc: dict[str, Any]) -> dict[str, Any]:
-    """Return what must not depend on the interleaving of the four topics.
-
-    Evidence kept per kind and the stage changes after the cascade (contained, when) depend
-    on how far one topic's backlog runs ahead of another's; victims, steps and notes do not.
-    """
-    timeline = [
-        (t["time"], t["kind"], t["message"])
-        for t in doc["timeline"]
-        if t["kind"] in ("note", "step") or t["message"].startswith("victim")
-    ]
-    reached = {t["message"].split(":")[0] for t in doc["timeline"] if t["kind"] == "stage"}
-    stages = reached & {"stage -> suspected", "stage -> cascading"}
-    steps = [(s["position"], s["action"], s["status"]) for s in doc["steps"]]
-    return {
-        "key": doc["key"],
-        "pods": doc["pods"],
-        "steps": steps,
-        "timeline": sorted(timeline),
-        "stages": stages,
     }
 
 
@@ -83,7 +48,7 @@ def test_live_run_opens_one_incident_with_four_victims(
     finally:
         status = stop(proc)
     assert status == 0, (tmp_path / "run.log").read_text()
-    incidents = _incidents(sqlite_url)
+    incidents = incidents_in(sqlite_url)
     assert len(incidents) == 1
     assert len(incidents[0]["pods"]) == 4
     assert incidents[0]["stage"] in ("cascading", "contained", "resolved")
@@ -115,12 +80,12 @@ def test_kill_9_and_restart_lose_nothing_and_duplicate_nothing(
         wait_committed(kafka_bootstrap, prefix, total, proc)
     finally:
         assert stop(proc) == 0, log.read_text()
-    live = _incidents(sqlite_url)
+    live = incidents_in(sqlite_url)
     settings = Settings()
     settings.database.url = f"sqlite:///{tmp_path / 'replay.db'}"
     straight = to_document(replay([CASCADE], settings))["incidents"]
     assert len(live) == 1, [i["key"] for i in live]
-    assert _core(live[0]) == _core(straight[0])
+    assert core_of(live[0]) == core_of(straight[0])
     entries = [(t["time"], t["kind"], t["message"]) for t in live[0]["timeline"]]
     assert len(entries) == len(set(entries))
     engine = create_engine(sqlite_url)

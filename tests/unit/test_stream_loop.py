@@ -27,11 +27,15 @@ CASCADE = Path(__file__).resolve().parents[2] / "examples" / "cascade"
 class FakeSource:
     """Hands out prepared batches and records what the loop commits."""
 
-    def __init__(self, batches: list[list[Record]]) -> None:
+    def __init__(
+        self, batches: list[list[Record]], lags: list[dict[Partition, int]] | None = None
+    ) -> None:
         self.batches = batches
+        self.lags = lags or []  # the lag reported after each poll (default: caught up)
         self.commits: list[dict[Partition, Committed]] = []
 
     def poll(self, timeout_ms: int) -> list[Record]:
+        self.lag_now = self.lags.pop(0) if self.lags else {}
         return self.batches.pop(0) if self.batches else []
 
     def commit(self, offsets: dict[Partition, Committed]) -> None:
@@ -50,10 +54,10 @@ class FakeSource:
         pass
 
     def assignment(self) -> list[Partition]:
-        return []
+        return [("logs", 0), ("lb", 0)]
 
     def lag(self) -> dict[Partition, int]:
-        return {("logs", 0): 7}
+        return self.lag_now
 
 
 class FakeSink:
@@ -152,7 +156,8 @@ def test_metrics_count_what_the_loop_did(
 ) -> None:
     _, loop, _ = loop_parts
     logs = records("logs", CASCADE / "container-logs.jsonl", 40)
-    loop.attach(FakeSource([[*logs, Record("logs", 0, 40, 1741942800000, None, b"{")]]))
+    poison = Record("logs", 0, 40, 1741942800000, None, b"{")
+    loop.attach(FakeSource([[*logs, poison]], [{("logs", 0): 7}]))
     loop.step()
     exposition = generate_latest(loop.metrics.registry).decode()
     assert 'detector_records_consumed_total{topic="logs"} 41.0' in exposition
@@ -170,3 +175,41 @@ def test_metrics_are_served_over_http() -> None:
     metrics.serve(port, addr="127.0.0.1")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         assert "detector_open_incidents 2.0" in response.read().decode()
+
+
+def test_a_partition_behind_holds_later_records_until_it_catches_up(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 300)
+    lb = records("lb", CASCADE / "lb-access.jsonl", 300)
+    source = FakeSource([[*lb, *logs[:150]], logs[150:]], [{("logs", 0): 150}, {}])
+    loop.attach(source)
+    assert loop.step() == 450
+    mark = logs[149].timestamp_ms
+    released = [r for r in lb if r.timestamp_ms <= mark]
+    first_held = next(r for r in lb if r.timestamp_ms > mark)
+    assert 0 < len(released) < len(lb)
+    assert source.commits[0][("lb", 0)].offset == first_held.offset  # nothing held committed
+    assert source.commits[0][("logs", 0)].offset == 150
+    assert loop.step() == 150
+    assert source.commits[1] == {
+        ("lb", 0): Committed(300, f"ts={lb[-1].timestamp_ms}"),
+        ("logs", 0): Committed(300, f"ts={logs[-1].timestamp_ms}"),
+    }
+
+
+def test_commits_follow_the_highest_processed_offset_not_the_last_released(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    _, loop, _ = loop_parts
+    a, b = records("logs", CASCADE / "container-logs.jsonl", 2)
+    late_first = Record("logs", 0, 0, b.timestamp_ms + 5000, None, a.value)  # offset 0, newer
+    early_second = Record("logs", 0, 1, b.timestamp_ms, None, b.value)
+    other = Record("lb", 0, 0, b.timestamp_ms + 1000, None, b"{")
+    source = FakeSource([[late_first, early_second, other], []], [{("lb", 0): 3}, {}])
+    loop.attach(source)
+    loop.step()  # lb is behind at +1 s: offset 1 goes through, offset 0 waits
+    assert source.commits[0][("logs", 0)].offset == 0
+    loop.step()  # everything caught up: offset 0 goes through last, yet both are done
+    assert source.commits[1][("logs", 0)].offset == 2
