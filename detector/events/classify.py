@@ -108,6 +108,7 @@ def parse_size(number: str, unit: str | None) -> int:
     """Convert a number and a unit such as ``MiB``, ``G`` or ``bytes`` to integer bytes."""
     key = (unit or "").lower()
     key = key if key == "bytes" else key[:1]
+    number = number.replace(",", "")
     if number.isdigit():  # exact for sizes beyond float precision (2**53)
         return int(number) * _UNIT_BYTES.get(key, 1)
     return round(float(number) * _UNIT_BYTES.get(key, 1))
@@ -195,7 +196,8 @@ def _first_size(text: str, patterns: tuple[re.Pattern[str], ...]) -> int | None:
 # TensorRT: "Requested amount of GPU memory (13476831488 bytes)"; TensorRT-LLM: "Total GPU
 # memory (GiB): 140.06", "Free GPU memory before component creation attempt (GiB): 108.86"
 # (https://github.com/NVIDIA/TensorRT-LLM/issues/5872).
-_NUM = r"(\d{1,20}(?:\.\d{1,20})?)"  # bounded: int() and float() of it never fail
+# bounded: int() and float() of it never fail; "8,589,934,592" (CuPy) keeps its groups
+_NUM = r"(\d{1,3}(?:,\d{3}){1,6}(?![\d.])|\d{1,20}(?:\.\d{1,20})?)"
 _UNIT = r"\s*(bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
 _N, _U = r"(?P<num>\d{1,20}(?:\.\d{1,20})?)", r"\s*(?P<unit>bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
 _I = re.IGNORECASE

@@ -54,14 +54,17 @@ def keyed_records(
 ) -> Iterator[tuple[bytes | None, bytes, int | None]]:
     """Yield ``(key, value, timestamp_ms)`` for every record of the files, in file order.
 
-    The key is ``namespace/workload`` of the record's first attributable signal and the
-    timestamp its event time (ms); both are None when the record names no workload or time.
+    The key is ``namespace/workload`` of the record's first attributable signal (None when it
+    names no workload) and the timestamp its event time in ms, or the time of the file's record
+    before it when it has none (None before the first timed record).
     """
     resolver = WorkloadResolver(load_workload_map(settings.workloads_file), settings.cluster)
     for path in iter_files(paths):
+        previous_ms: int | None = None  # a record without a time belongs with the one before
         for source, raw in read_records([path]):
             key, timestamp_ms = _key_and_time(resolver, source, raw)
-            yield key, raw, timestamp_ms
+            previous_ms = timestamp_ms if timestamp_ms is not None else previous_ms
+            yield key, raw, previous_ms
 
 
 def _key_and_time(

@@ -101,7 +101,6 @@ class StreamLoop:
             try:
                 if self.step() == 0 and self._dirty:
                     self._answer_questions()
-                self._backoff_s = 0.0
             except (StoreError, StreamError) as exc:
                 log.warning("batch failed, retrying error=%s backoff_s=%.1f", exc, self._backoff_s)
                 self._recover(stop)
@@ -123,13 +122,15 @@ class StreamLoop:
         polled = source.poll(self._settings.kafka.poll_timeout_ms)
         self._held.add(polled)
         lag = source.lag()
-        behind = [p for p, n in lag.items() if n > 0]
+        # A partition not fetched yet has no known lag: it may hold the oldest records.
+        behind = [p for p in source.assignment() if lag.get(p, 1) > 0]
         records = self._held.release(behind)
         if not records:
             return len(polled)
         started = time.perf_counter()
         offsets = self._process(records)
         self._session.commit()
+        self._backoff_s = 0.0  # the database took a batch: back to normal
         self._dirty = True
         self._observe(records, time.perf_counter() - started, lag)
         if offsets:

@@ -4,9 +4,10 @@ After a restart or a rebalance, one partition's backlog can run minutes ahead of
 processed as polled, the correlator's clock would follow the fastest partition, and a stage that
 waits for quiet (``contained``) could fire before the slower partition's OOMs arrive. The buffer
 holds polled records until every partition that is still *behind* (records left below its high
-watermark) has been read up to their time: the watermark is the smallest latest-seen record time
-of those partitions, and records at or before it are released in time order. Partitions that are
-caught up do not hold the watermark, so a live stream is released as soon as it is polled.
+watermark, or not fetched yet) has been read up to their time: the watermark is the smallest time
+of the latest record read from each of those partitions, and records at or before it are
+released in time order. Partitions that are caught up do not hold the watermark, so a live
+stream is released as soon as it is polled.
 (DESIGN.md section 8: event time with a bounded lateness.) The consumer does not pause the
 partitions ahead: kafka-python 3.0 with Tansu stopped fetching resumed partitions in our tests,
 so the buffer's own bounds do that work.
@@ -47,12 +48,12 @@ class ReorderBuffer:
         return len(self._heap)
 
     def add(self, records: Iterable[Record]) -> None:
-        """Hold ``records`` and note each partition's latest record time."""
+        """Hold ``records`` (each partition's in offset order) and note their partitions' times."""
         for record in records:
             heapq.heappush(self._heap, (record.timestamp_ms, next(self._seq), record))
-            key = (record.topic, record.partition)
-            if record.timestamp_ms > self._seen_ms.get(key, NO_TIME):
-                self._seen_ms[key] = record.timestamp_ms
+            # the partition's position in time: its latest record's time (not the maximum, so
+            # that one record stamped far ahead does not let the others run past it)
+            self._seen_ms[(record.topic, record.partition)] = record.timestamp_ms
 
     def watermark(self, behind: Iterable[Partition]) -> int | None:
         """Return the time up to which every partition behind was read; None when none is."""

@@ -150,6 +150,22 @@ def wait_assigned(logs: list[Path], partitions: int, procs: list[subprocess.Pope
         time.sleep(0.2)
 
 
+def committed_sums(
+    bootstrap: str, prefix: str, topics: list[str], partitions: int
+) -> dict[str, int]:
+    """Return the group's committed offsets summed over ``partitions`` per topic."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=f"{prefix}-group", enable_auto_commit=False
+    )
+    try:
+        return {
+            t: sum(max(0, consumer.committed(TopicPartition(t, p)) or 0) for p in range(partitions))
+            for t in topics
+        }
+    finally:
+        consumer.close()
+
+
 def wait_consumed(
     bootstrap: str,
     prefix: str,
@@ -158,23 +174,14 @@ def wait_consumed(
     procs: list[subprocess.Popen[bytes]],
 ) -> None:
     """Wait until the group's commits over all ``partitions`` of each topic sum to ``expected``."""
-    tps = [TopicPartition(t, p) for t in expected for p in range(partitions)]
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=f"{prefix}-group", enable_auto_commit=False
-    )
     deadline = time.monotonic() + WAIT_S
-    try:
-        while True:
-            assert any(p.poll() is None for p in procs), "every detector exited"
-            got = dict.fromkeys(expected, 0)
-            for tp in tps:
-                got[tp.topic] += max(0, consumer.committed(tp) or 0)
-            if all(got[t] >= n for t, n in expected.items()):
-                return
-            assert time.monotonic() < deadline, f"committed {got}, expected {expected}"
-            time.sleep(0.2)
-    finally:
-        consumer.close()
+    while True:
+        assert any(p.poll() is None for p in procs), "every detector exited"
+        got = committed_sums(bootstrap, prefix, list(expected), partitions)
+        if all(got[t] >= n for t, n in expected.items()):
+            return
+        assert time.monotonic() < deadline, f"committed {got}, expected {expected}"
+        time.sleep(0.2)
 
 
 def incidents_in(db_url: str) -> list[dict[str, Any]]:

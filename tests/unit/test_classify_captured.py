@@ -64,7 +64,6 @@ def test_captured_log_is_one_event(row: dict[str, Any]) -> None:
         assert getattr(hit.classification, key) == value, key
 
 
-@pytest.mark.xfail(strict=True, reason="sizes with thousands separators are read up to the comma")
 def test_cupy_size_with_thousands_separators() -> None:
     (row,) = [row for row in ROWS if row["case"] == "cupy"]
     assert classify_line(row["text"]).bytes_tried == row["bytes_tried"]

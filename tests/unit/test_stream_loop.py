@@ -35,7 +35,8 @@ class FakeSource:
         self.commits: list[dict[Partition, Committed]] = []
 
     def poll(self, timeout_ms: int) -> list[Record]:
-        self.lag_now = self.lags.pop(0) if self.lags else {}
+        caught_up = dict.fromkeys(self.assignment(), 0)
+        self.lag_now = caught_up | (self.lags.pop(0) if self.lags else {})
         return self.batches.pop(0) if self.batches else []
 
     def commit(self, offsets: dict[Partition, Committed]) -> None:
@@ -54,7 +55,7 @@ class FakeSource:
         pass
 
     def assignment(self) -> list[Partition]:
-        return [("logs", 0), ("lb", 0)]
+        return [("logs", 0), ("logs", 3), ("lb", 0)]
 
     def lag(self) -> dict[Partition, int]:
         return self.lag_now
@@ -156,7 +157,7 @@ def test_metrics_count_what_the_loop_did(
 ) -> None:
     _, loop, _ = loop_parts
     logs = records("logs", CASCADE / "container-logs.jsonl", 40)
-    poison = Record("logs", 0, 40, 1741942800000, None, b"{")
+    poison = Record("logs", 0, 40, logs[-1].timestamp_ms, None, b"{")
     loop.attach(FakeSource([[*logs, poison]], [{("logs", 0): 7}]))
     loop.step()
     exposition = generate_latest(loop.metrics.registry).decode()
