@@ -5,7 +5,9 @@ DetectorError
 ├── ParseError           a record could not be decoded into signals (carries ``reason``)
 ├── StoreError           the incident store failed (database, migrations)
 ├── StreamError          the Kafka broker or client failed (consume, commit, produce)
-└── RunbookError         a runbook definition or its rendering is invalid
+├── RunbookError         a runbook definition or its rendering is invalid
+├── GpuError             NVML failed (detector.gpu.nvml; carries NVML's error name)
+└── ActuatorError        an actuator could not plan or apply a change (detector.actuators.base)
 """
 
 
