@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: demo test lint services bench bench-kafka fuzz clean
+.PHONY: demo test lint services bench bench-kafka bench-storm fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench: $(STAMP)
 
 bench-kafka: $(STAMP)
 	$(BIN)/python bench/bench_kafka.py
+
+bench-storm: $(STAMP)
+	$(BIN)/python bench/bench_storm.py
 
 fuzz: $(STAMP)
 	$(BIN)/python -m detector.lab.fuzz --records 100000
