@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from detector.errors import ConfigError
@@ -71,6 +71,55 @@ class KafkaSettings(BaseModel):
     )
 
 
+class ContainmentSettings(BaseModel):
+    """Who may approve steps, which workloads may be acted on, and the global kill switch.
+
+    A workload is dry-run until armed: listed here as ``namespace/workload``, or armed with
+    ``detector arm`` (a database flag; ``detector disarm`` overrides this list). ``kill_switch``
+    holds every actuator call (apply, restart, lift, rollback); ``detector kill-switch on``
+    does the same from the database. Approvers are the names allowed to approve or deny a step
+    (``detector approve --as NAME``, or the owner of an API token).
+    """
+
+    armed_workloads: list[str] = Field(
+        default_factory=list, description="namespace/workload entries that may act for real"
+    )
+    kill_switch: bool = Field(False, description="hold every actuator call")
+    approvers: list[str] = Field(default_factory=list, description="approver allow-list")
+
+    @field_validator("armed_workloads")
+    @classmethod
+    def _namespaced(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if v.count("/") != 1 or v.startswith("/") or v.endswith("/")]
+        if bad:
+            raise ValueError(f"armed_workloads entries must be namespace/workload: {bad}")
+        return value
+
+
+MIN_TOKEN_CHARS = 16  # shorter API tokens are refused: they can be guessed
+
+
+class WebSettings(BaseModel):
+    """The approvals HTTP endpoint (``detector serve``): address and bearer tokens.
+
+    ``tokens`` maps an owner's name to their token, e.g.
+    ``DETECTOR_WEB__TOKENS='{"alice": "<32 random characters>"}'``; the owner is the approver
+    identity recorded on the timeline and must be on the approver allow-list.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    tokens: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @field_validator("tokens")
+    @classmethod
+    def _long_enough(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        short = sorted(k for k, v in value.items() if len(v.get_secret_value()) < MIN_TOKEN_CHARS)
+        if short:
+            raise ValueError(f"tokens shorter than {MIN_TOKEN_CHARS} characters: {short}")
+        return value
+
+
 class Settings(BaseSettings):
     """All settings of one detector process."""
 
@@ -85,6 +134,8 @@ class Settings(BaseSettings):
     workloads_file: Path | None = None
     runbook_path: Path = REPO_ROOT / "runbooks" / "gpu-oom-cascade.yaml"
     dry_run: bool = True
+    containment: ContainmentSettings = Field(default_factory=ContainmentSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
 
 
 class UpstreamMapping(BaseModel):

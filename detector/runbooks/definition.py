@@ -4,6 +4,13 @@ A runbook is an ordered list of steps. Each step names an action from a closed s
 its parameters as Jinja2 template strings (rendered by :mod:`detector.runbooks.render` from the
 incident's variables), an approval policy, a verification, what to do when verification fails,
 a cooldown and the floors its computed values may never go under (DESIGN.md section 5).
+
+Approval policy: ``policy: auto`` applies a step as soon as its turn comes; ``policy: approval``
+waits for a person on the approver allow-list (``approval: approver:<group>`` names who is
+asked) until ``approval_expiry_s``. When ``policy`` is left out it follows ``approval``, and
+when both are left out it is the action's default (``DEFAULT_POLICY``): ``approval`` for the
+disruptive actions, those that restart pods (a rollout of new ceilings, staggered restarts),
+``auto`` for the gateway rate limit, which restarts nothing, works at once and is lifted again.
 """
 
 from __future__ import annotations
@@ -44,6 +51,22 @@ class OnFailure(StrEnum):
     ROLLBACK = "rollback"
 
 
+class Policy(StrEnum):
+    """Whether a step needs a person's approval before it is applied."""
+
+    AUTO = "auto"
+    APPROVAL = "approval"
+
+
+# Disruptive actions (they restart pods) wait for a person unless the runbook says otherwise.
+DEFAULT_POLICY: dict[str, Policy] = {
+    Action.LOWER_BATCH_CEILING.value: Policy.APPROVAL,  # a rollout restarts every pod
+    Action.ENABLE_RATE_LIMIT.value: Policy.AUTO,  # restarts nothing, lifted step by step
+    Action.STAGGER_RESTARTS.value: Policy.APPROVAL,  # restarts pods
+}
+DEFAULT_GROUP = "approvers"  # ``approval`` of a step with policy approval and no group named
+
+
 class Verify(BaseModel):
     """How a step is verified: the checks that must hold within ``deadline_s`` seconds."""
 
@@ -77,6 +100,24 @@ class Floors(BaseModel):
     spacing_s: Annotated[float, Field(strict=True, gt=0)] | None = None
 
 
+class Lift(BaseModel):
+    """How a temporary measure is lifted once the incident is resolved.
+
+    Every ``interval_s`` the integer ``params`` are multiplied by ``factor`` and applied
+    again; after ``max_steps`` relaxations, or once the first param reaches the value of the
+    ``until`` param (e.g. the request rate seen before the incident), the measure is removed
+    (the actuator reverts the change). Example: a 1 r/s limit goes 2, 4, then is removed.
+    """
+
+    model_config = _STRICT
+
+    params: tuple[Identifier, ...] = Field(min_length=1)
+    factor: Annotated[float, Field(strict=False, gt=1)] = 2.0
+    interval_s: Annotated[float, Field(strict=False, gt=0)]
+    max_steps: Annotated[int, Field(strict=True, ge=1)] = 4
+    until: Identifier | None = None
+
+
 class Step(BaseModel):
     """One containment step: an action, its parameter templates and its policy."""
 
@@ -87,11 +128,44 @@ class Step(BaseModel):
     title: str = Field(min_length=1)
     description: str = Field(min_length=1)
     params: dict[Identifier, str] = Field(min_length=1)
+    policy: Policy
     approval: Annotated[str, Field(pattern=APPROVAL_PATTERN)]
+    approval_expiry_s: Annotated[float, Field(strict=False, gt=0)] = 600.0
     verify: Verify
     on_failure: OnFailure
     cooldown_s: Seconds
     floors: Floors = Floors()
+    lift: Lift | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy(cls, data: Any) -> Any:
+        """Fill ``policy`` from ``approval`` or the action's default, and the reverse."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        policy, approval = data.get("policy"), data.get("approval")
+        if policy is None:
+            if isinstance(approval, str):
+                policy = Policy.AUTO.value if approval == "auto" else Policy.APPROVAL.value
+            else:
+                policy = DEFAULT_POLICY.get(str(data.get("action")), Policy.APPROVAL).value
+            data["policy"] = policy
+        if approval is None:
+            auto = policy == Policy.AUTO.value
+            data["approval"] = "auto" if auto else f"approver:{DEFAULT_GROUP}"
+        elif (policy == Policy.AUTO.value) != (approval == "auto"):
+            raise ValueError(f"policy {policy!r} contradicts approval {approval!r}")
+        return data
+
+    @model_validator(mode="after")
+    def _lift_params(self) -> Step:
+        if self.lift is not None:
+            names = [*self.lift.params, *([self.lift.until] if self.lift.until else [])]
+            missing = [n for n in names if n not in self.params]
+            if missing:
+                raise ValueError(f"lift names params the step does not have: {missing}")
+        return self
 
     @property
     def approver(self) -> str | None:

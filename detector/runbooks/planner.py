@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from detector.events.model import Signal, SignalKind
 from detector.incidents.context import IncidentContext
 from detector.incidents.questions import engine_config
-from detector.runbooks.definition import Action, Floors, OnFailure, Runbook, Step, Verify
+from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
 from detector.runbooks.render import render_step
 from detector.runbooks.sizing import (
     CeilingProposal,
@@ -27,6 +28,8 @@ from detector.runbooks.sizing import (
 
 RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
 DEFAULT_SPACING_S = 120.0  # restart spacing when no model load time is in the logs
+MAX_LOAD_S = 1800.0  # a start longer than this is not one model load (a stuck or crashed start)
+KV_READY_KEYS = ("kv_cache_tokens", "kv_cache_bytes", "gpu_blocks", "max_concurrency")
 DEFAULT_FLOORS = Floors(
     batch_ceiling=1, batched_tokens=512, rate_limit_rps=1, limit_connections=1, spacing_s=30.0
 )
@@ -37,8 +40,10 @@ class PlannedStep:
     """One rendered step of a plan.
 
     ``position`` is 1-based; ``params`` are the rendered parameter values (all str);
-    ``status`` is ``dry_run`` in a dry run, else ``planned`` (approval ``auto``) or
-    ``awaiting_approval`` (approval ``approver:<group>``); ``basis`` explains the numbers.
+    ``status`` is ``dry_run`` in a dry run, else ``planned`` (policy ``auto``) or
+    ``awaiting_approval`` (policy ``approval``); ``basis`` explains the numbers. ``policy``,
+    ``approval_expiry_s`` (seconds a pending approval waits) and ``lift`` (how a temporary
+    measure is relaxed after the incident) are the step's, for the step engine.
     """
 
     position: int
@@ -52,6 +57,9 @@ class PlannedStep:
     on_failure: OnFailure
     cooldown_s: float
     basis: str
+    policy: str = "auto"
+    approval_expiry_s: float = 600.0
+    lift: Lift | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,24 +177,134 @@ def _rate_limit(
     return {"rate_limit_rps": rps, "limit_connections": connections, "basis": basis}
 
 
+def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
+    """Return the longest model load seen in the engine startup evidence, and where.
+
+    Either logged as ``model_load_s`` (ENGINE_CONFIG attrs), or measured per pod from the
+    engine's startup lines already parsed: an ENGINE_CONFIG line of arguments starts a load,
+    the next line of the same pod that reports its KV cache (``KV_READY_KEYS``: vLLM "GPU KV
+    cache size", "Available KV cache memory", "# GPU blocks", "Maximum concurrency") ends it.
+    Loads over ``MAX_LOAD_S`` are ignored. (None, "") when neither is there.
+    """
+    configs = [s for s in signals if s.kind is SignalKind.ENGINE_CONFIG]
+    logged = [v for s in configs if (v := coerce_float(s.attrs.get("model_load_s"))) and v > 0]
+    if logged:
+        return max(logged), f"model load time {max(logged):g} s seen in the logs " + (
+            f"(longest of {len(logged)})"
+        )
+    started: dict[str, float] = {}
+    best: tuple[float, str, float, float] | None = None
+    for sig in sorted(configs, key=lambda s: s.time):
+        pod = sig.pod or ""
+        if not any(k in sig.attrs for k in KV_READY_KEYS):
+            started.setdefault(pod, sig.time)
+            continue
+        start = started.pop(pod, None)
+        if start is not None and 0 < sig.time - start <= MAX_LOAD_S:
+            took = round(sig.time - start, 1)
+            if best is None or took > best[0]:
+                best = (took, pod, start, sig.time)
+    if best is None:
+        return None, ""
+    took, pod, start, end = best
+    return took, (
+        f"model load time {took:g} s measured in pod {pod}'s startup lines (engine arguments "
+        f"at {_hms(start)}, KV cache ready at {_hms(end)}; longest seen)"
+    )
+
+
+def _hms(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%H:%M:%S")
+
+
 def _spacing(signals: tuple[Signal, ...], floors: Floors) -> tuple[float, float | None, str]:
-    loads = [
-        v
-        for s in signals
-        if s.kind is SignalKind.ENGINE_CONFIG
-        and (v := coerce_float(s.attrs.get("model_load_s"))) is not None
-        and v > 0
-    ]
+    load, seen = observed_load_s(signals)
     floor_s = floors.spacing_s or 0.0
-    if loads:
-        load = max(loads)
+    if load is not None:
         spacing = float(max(floor_s, math.ceil(load)))
-        basis = f"model load time {load:g} s seen in the logs (longest of {len(loads)})"
+        basis = seen
     else:
-        load = None
         spacing = max(floor_s, DEFAULT_SPACING_S)
         basis = f"no model load time in the logs: default {DEFAULT_SPACING_S:g} s"
     return spacing, load, f"{basis}; spacing = max(floor {floor_s:g} s, that) = {spacing:g} s"
+
+
+def memory_headroom(signals: tuple[Signal, ...], pod: str) -> float | None:
+    """Return the pod's latest memory headroom (0..1, free share), or None when unknown.
+
+    KV-cache usage (engine_pressure ``kv_cache_usage``) is preferred, since engines that
+    pre-reserve VRAM sit near their reservation when idle (DESIGN.md section 4); then GPU
+    memory (gpu_memory used/total or free/total), then the free/capacity bytes of its GPU OOM.
+    """
+    kv: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for sig in signals:
+        if sig.pod != pod:
+            continue
+        a = sig.attrs
+        usage = coerce_float(a.get("kv_cache_usage"))
+        if sig.kind is SignalKind.ENGINE_PRESSURE and usage is not None:
+            kv.append((sig.time, 1.0 - usage))
+            continue
+        free = _FREE_SHARE[sig.kind](a) if sig.kind in _FREE_SHARE else None
+        if free is not None:
+            other.append((sig.time, free))
+    chosen = kv or other
+    return round(max(chosen)[1], 4) if chosen else None
+
+
+def _free_share(a: dict[str, Any]) -> float | None:
+    used, total, free = (
+        coerce_float(a.get(k)) for k in ("used_bytes", "total_bytes", "free_bytes")
+    )
+    if total is None and used is not None and free is not None:
+        total = used + free
+    if not total:
+        return None
+    if free is not None:
+        return max(0.0, min(1.0, free / total))
+    return None if used is None else max(0.0, min(1.0, 1.0 - used / total))
+
+
+def _oom_free_share(a: dict[str, Any]) -> float | None:
+    free, capacity = coerce_float(a.get("free_bytes")), coerce_float(a.get("capacity_bytes"))
+    return max(0.0, min(1.0, free / capacity)) if free is not None and capacity else None
+
+
+_FREE_SHARE = {SignalKind.GPU_MEMORY: _free_share, SignalKind.GPU_OOM: _oom_free_share}
+
+
+def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
+    """Return (crashed pods, healthy pods at the ceiling, basis) in restart order; pure.
+
+    Crashed pods (the victims) come first: they serve nothing, so restarting them costs no
+    capacity. Then the healthy pods whose memory pressure reached a ceiling (the correlator
+    marks those signals with ``pressure``): the next victims, restarted under the lowered
+    ceiling. Within each group the most memory headroom first (``memory_headroom``), pods
+    of unknown headroom last, ties in order of failure / first sight.
+    """
+    victims = list(ctx.victims)
+    at_ceiling = [
+        p
+        for p in dict.fromkeys(s.pod for s in ctx.signals if s.pod and "pressure" in s.attrs)
+        if p not in victims
+    ]
+    headroom = {p: memory_headroom(ctx.signals, p) for p in [*victims, *at_ceiling]}
+
+    def ordered(pods: list[str]) -> list[str]:
+        rank = {p: i for i, p in enumerate(pods)}
+        return sorted(pods, key=lambda p: (headroom[p] is None, -(headroom[p] or 0.0), rank[p]))
+
+    crashed, healthy = ordered(victims), ordered(at_ceiling)
+    shown = ", ".join(
+        f"{p} {'?' if headroom[p] is None else format(headroom[p], '.1%')}"
+        for p in [*crashed, *healthy]
+    )
+    basis = (
+        f"{len(crashed)} crashed pod(s) first, then {len(healthy)} healthy pod(s) at the memory "
+        f"ceiling; most memory headroom first: {shown or 'none'}"
+    )
+    return crashed, healthy, basis
 
 
 def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> dict[str, Any]:
@@ -197,7 +315,8 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
     (CeilingProposal fields plus current_is_default), proposed ({param: value}), ceiling_basis,
     window_s, request_count, request_rate_per_s, ok_rate_per_s, error_rate_per_s,
     rate_limited_per_s, rate_limit_rps, limit_connections, rate_limit_basis, ingress_name,
-    upstream, restart_order, spacing_s, model_load_s, spacing_basis. Rates are per second.
+    upstream, restart_order (crashed_pods then healthy_restarts, see ``restart_plan``),
+    restart_order_basis, spacing_s, model_load_s, spacing_basis. Rates are per second.
     """
     floors = _merge_floors(floors)
     victims = list(ctx.victims)
@@ -210,6 +329,7 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
     traffic = traffic_before(ctx.signals, last_victim_time(ctx), RATE_WINDOW_S)
     limits = _rate_limit(traffic, healthy, len(seen_pods), ceiling, floors)
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
+    crashed, healthy_restarts, order_basis = restart_plan(ctx)
     return {
         "namespace": ctx.namespace,
         "workload": ctx.workload,
@@ -228,7 +348,10 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
         "rate_limit_basis": limits["basis"],
         "ingress_name": ctx.workload,
         "upstream": observed_upstream(ctx.signals),
-        "restart_order": victims,
+        "restart_order": crashed + healthy_restarts,
+        "crashed_pods": crashed,
+        "healthy_restarts": healthy_restarts,
+        "restart_order_basis": order_basis,
         "spacing_s": spacing,
         "model_load_s": load,
         "spacing_basis": spacing_basis,
@@ -268,7 +391,7 @@ _BASIS_KEY = {
 def _status(step: Step, dry_run: bool) -> str:
     if dry_run:
         return "dry_run"
-    return "planned" if step.approver is None else "awaiting_approval"
+    return "planned" if step.policy == "auto" else "awaiting_approval"
 
 
 def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> list[PlannedStep]:
@@ -290,6 +413,9 @@ def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> lis
             on_failure=step.on_failure,
             cooldown_s=step.cooldown_s,
             basis=str(variables[_BASIS_KEY[step.action]]),
+            policy=step.policy.value,
+            approval_expiry_s=step.approval_expiry_s,
+            lift=step.lift,
         )
         for position, step in enumerate(runbook.steps, start=1)
     ]

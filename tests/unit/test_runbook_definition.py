@@ -185,3 +185,61 @@ def test_models_are_frozen() -> None:
 def test_step_lookup_unknown_id() -> None:
     with pytest.raises(KeyError):
         Runbook.model_validate(minimal()).step("nope")
+
+
+@pytest.mark.parametrize(
+    ("action", "fields", "policy", "approval"),
+    [
+        ("lower_batch_ceiling", {}, "approval", "approver:approvers"),  # restarts pods
+        ("stagger_restarts", {}, "approval", "approver:approvers"),
+        ("enable_rate_limit", {}, "auto", "auto"),  # restarts nothing
+        ("stagger_restarts", {"approval": "auto"}, "auto", "auto"),
+        ("enable_rate_limit", {"approval": "approver:sre"}, "approval", "approver:sre"),
+        ("enable_rate_limit", {"policy": "approval"}, "approval", "approver:approvers"),
+        ("stagger_restarts", {"policy": "auto"}, "auto", "auto"),
+        (
+            "stagger_restarts",
+            {"policy": "approval", "approval": "approver:sre"},
+            "approval",
+            "approver:sre",
+        ),
+    ],
+)
+def test_policy_defaults_follow_the_action_and_the_approval(
+    tmp_path: Path, action: str, fields: dict[str, str], policy: str, approval: str
+) -> None:
+    data = minimal()
+    step = data["steps"][0]
+    del step["approval"], step["floors"]
+    step.update(action=action, **fields)
+    loaded = load_runbook(write(tmp_path, data)).steps[0]
+    assert (loaded.policy.value, loaded.approval) == (policy, approval)
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"policy": "auto", "approval": "approver:sre"}, "contradicts"),
+        ({"policy": "approval", "approval": "auto"}, "contradicts"),
+        ({"policy": "sometimes"}, "policy"),
+        ({"approval_expiry_s": 0}, "approval_expiry_s"),
+        ({"lift": {"params": ["limit_rps"], "interval_s": 60}}, "does not have"),
+        ({"lift": {"params": ["workload"], "interval_s": 60, "factor": 1}}, "factor"),
+        ({"lift": {"params": ["workload"], "interval_s": 60, "until": "nope"}}, "['nope']"),
+        ({"lift": {"params": [], "interval_s": 60}}, "params"),
+    ],
+)
+def test_bad_policy_expiry_and_lift(tmp_path: Path, fields: dict[str, Any], fragment: str) -> None:
+    data = minimal()
+    data["steps"][0].update(fields)
+    with pytest.raises(RunbookError, match="steps") as info:
+        load_runbook(write(tmp_path, data))
+    assert fragment in str(info.value)
+
+
+def test_lift_is_kept(tmp_path: Path) -> None:
+    data = minimal()
+    data["steps"][0]["lift"] = {"params": ["workload"], "interval_s": 60, "until": "workload"}
+    lift = load_runbook(write(tmp_path, data)).steps[0].lift
+    assert lift is not None
+    assert (lift.factor, lift.interval_s, lift.max_steps, lift.until) == (2.0, 60, 4, "workload")

@@ -84,3 +84,14 @@ def test_gpu_oom_cascade_runbook_content() -> None:
     assert rate.floors.rate_limit_rps is not None
     assert runbook.step("lower_batch_ceiling").floors.batch_ceiling == 1
     assert runbook.step("stagger_restarts").params["method"] == "eviction"
+
+
+def test_gpu_oom_cascade_runbook_policy_and_lift() -> None:
+    runbook = load_runbook(default_runbook_path())
+    assert [s.policy.value for s in runbook.steps] == ["auto", "auto", "approval"]
+    assert runbook.step("stagger_restarts").approval_expiry_s > 0
+    lift = runbook.step("enable_rate_limit").lift
+    assert lift is not None and lift.params == ("limit_rps", "limit_connections")
+    assert lift.until == "observed_request_rate_per_s"
+    assert all(s.lift is None for s in runbook.steps if s.id != "enable_rate_limit")
+    assert "ooms_stop" in runbook.step("enable_rate_limit").verify.checks

@@ -15,7 +15,10 @@ from detector.runbooks.planner import (
     DEFAULT_SPACING_S,
     build_variables,
     last_victim_time,
+    memory_headroom,
+    observed_load_s,
     plan,
+    restart_plan,
     traffic_before,
 )
 
@@ -306,3 +309,124 @@ def test_latest_engine_config_wins() -> None:
     assert built["current"]["max_num_seqs"] == 64
     assert built["ceiling"]["current"] == 64
     assert built["current"]["engine"] == "vllm"
+
+
+def kv(dt: float, pod: str, usage: float) -> Signal:
+    return sig(K.ENGINE_PRESSURE, dt, pod, engine="vllm", kv_cache_usage=usage)
+
+
+def vram(dt: float, pod: str, used_gib: float, **attrs: Any) -> Signal:
+    return sig(
+        K.GPU_MEMORY, dt, pod, used_bytes=int(used_gib * 2**30), total_bytes=80 * 2**30, **attrs
+    )
+
+
+def oom(dt: float, pod: str, free_gib: float) -> Signal:
+    return sig(K.GPU_OOM, dt, pod, free_bytes=int(free_gib * 2**30), capacity_bytes=80 * 2**30)
+
+
+@pytest.mark.parametrize(
+    ("signals", "victims", "crashed", "healthy"),
+    [
+        # no memory evidence: order of failure
+        ((), ("a", "b", "c"), ["a", "b", "c"], []),
+        # most headroom first, from the OOM's free bytes
+        ((oom(0, "a", 1), oom(5, "b", 8), oom(9, "c", 4)), ("a", "b", "c"), ["b", "c", "a"], []),
+        # KV-cache usage wins over VRAM (vLLM pre-reserves VRAM), the latest value counts
+        (
+            (
+                vram(0, "a", 10),
+                kv(1, "a", 0.99),
+                vram(0, "b", 79),
+                kv(1, "b", 0.5),
+                kv(2, "b", 0.7),
+            ),
+            ("a", "b"),
+            ["b", "a"],
+            [],
+        ),
+        # unknown headroom goes last within its group
+        ((oom(0, "b", 2),), ("a", "b"), ["b", "a"], []),
+        # healthy pods at a ceiling (marked "pressure") come after the crashed ones;
+        # healthy pods with headroom are left alone
+        (
+            (
+                sig(K.ENGINE_PRESSURE, 0, "c", kv_cache_usage=0.97, pressure="KV cache"),
+                vram(0, "d", 79.5, pressure="GPU memory"),
+                kv(0, "e", 0.2),
+            ),
+            ("a",),
+            ["a"],
+            ["c", "d"],  # KV cache 97% used leaves more than VRAM 79.5 of 80 GiB
+        ),
+    ],
+)
+def test_restart_order(
+    signals: tuple[Signal, ...], victims: tuple[str, ...], crashed: list[str], healthy: list[str]
+) -> None:
+    ctx = incident(*signals, victims=victims, pods_seen=("a", "b", "c", "d", "e"))
+    got_crashed, got_healthy, basis = restart_plan(ctx)
+    assert (got_crashed, got_healthy) == (crashed, healthy)
+    assert f"{len(crashed)} crashed pod(s) first" in basis
+    assert build_variables(ctx)["restart_order"] == crashed + healthy
+
+
+def test_memory_headroom_sources() -> None:
+    signals = (vram(0, "a", 60), oom(1, "b", 2), sig(K.GPU_MEMORY, 2, "c", used_bytes=1))
+    assert memory_headroom(signals, "a") == 0.25
+    assert memory_headroom(signals, "b") == 0.025
+    assert memory_headroom(signals, "c") is None  # no total: unknown
+    assert memory_headroom(signals, "zzz") is None
+
+
+def cfg(dt: float, pod: str, **attrs: Any) -> Signal:
+    return sig(K.ENGINE_CONFIG, dt, pod, engine="vllm", **attrs)
+
+
+@pytest.mark.parametrize(
+    ("signals", "load", "fragment"),
+    [
+        ((), None, ""),
+        (
+            (cfg(0, "a", model_load_s=40.0), cfg(0, "b", model_load_s=95.2)),
+            95.2,
+            "seen in the logs",
+        ),
+        # args line -> KV-cache line of the same pod: the load time measured
+        (
+            (
+                cfg(0, "a", max_num_seqs=256),
+                cfg(33.0, "a", kv_cache_tokens=1000),
+                cfg(1, "b", max_model_len=4096),
+                cfg(21.5, "b", max_concurrency=3.1),
+            ),
+            33.0,
+            "measured in pod a's startup lines",
+        ),
+        # a KV line of another pod, or one with no start before it, measures nothing
+        ((cfg(0, "a", max_num_seqs=1), cfg(30, "b", kv_cache_bytes=1)), None, ""),
+        # a start that never reached its KV cache in MAX_LOAD_S is not a load
+        ((cfg(0, "a", max_num_seqs=1), cfg(4000, "a", gpu_blocks=10)), None, ""),
+    ],
+)
+def test_observed_load_time(signals: tuple[Signal, ...], load: float | None, fragment: str) -> None:
+    got, basis = observed_load_s(signals)
+    assert got == load
+    assert fragment in basis
+
+
+def test_spacing_follows_the_measured_load_time(runbook: Runbook) -> None:
+    slow = (cfg(-700, "llm-a", max_num_seqs=256), cfg(-600, "llm-a", kv_cache_tokens=10_000))
+    steps = {p.step_id: p for p in plan(runbook, incident(*slow, *OOMS))}
+    assert steps["stagger_restarts"].params["spacing_s"] == "100"
+    assert "measured in pod llm-a" in steps["stagger_restarts"].basis
+
+
+def test_planned_steps_carry_policy_expiry_and_lift(runbook: Runbook) -> None:
+    steps = {p.step_id: p for p in plan(runbook, incident(*OOMS))}
+    assert [s.policy for s in steps.values()] == ["auto", "auto", "approval"]
+    assert steps["stagger_restarts"].approval_expiry_s == 600
+    assert steps["enable_rate_limit"].lift is not None
+    restart = steps["stagger_restarts"].params
+    assert (restart["max_unavailable"], restart["max_restarting"]) == ("1", "1")
+    assert "Ready" in restart["traffic"]
