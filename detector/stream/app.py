@@ -55,16 +55,27 @@ def keyed_records(
     """Yield ``(key, value, timestamp_ms)`` for every record of the files, in file order.
 
     The key is ``namespace/workload`` of the record's first attributable signal (None when it
-    names no workload) and the timestamp its event time in ms, or the time of the file's record
-    before it when it has none (None before the first timed record).
+    names no workload) and the timestamp its event time in ms. A record that yields no signal
+    (most log lines) has no time of its own here: it takes the time of the file's timed record
+    before it, or of the first timed record after it at the start of a file (None when the file
+    has none), so that no record is stamped with the wall clock in the middle of event time.
     """
     resolver = WorkloadResolver(load_workload_map(settings.workloads_file), settings.cluster)
     for path in iter_files(paths):
-        previous_ms: int | None = None  # a record without a time belongs with the one before
+        previous_ms: int | None = None
+        untimed: list[tuple[bytes | None, bytes]] = []  # before the file's first timed record
         for source, raw in read_records([path]):
             key, timestamp_ms = _key_and_time(resolver, source, raw)
+            if timestamp_ms is None and previous_ms is None:
+                untimed.append((key, raw))
+                continue
             previous_ms = timestamp_ms if timestamp_ms is not None else previous_ms
+            for early_key, early_raw in untimed:
+                yield early_key, early_raw, previous_ms
+            untimed.clear()
             yield key, raw, previous_ms
+        for early_key, early_raw in untimed:
+            yield early_key, early_raw, None
 
 
 def _key_and_time(

@@ -82,7 +82,7 @@ class StreamLoop:
         self._done: dict[Partition, Record] = {}  # the processed record of highest offset
         self._backoff_s = 0.0
         self._dirty = False  # incidents changed since their questions were last answered
-        self._unkeyed_topics: set[str] = set()
+        self._unkeyed: set[str] = set()  # topics with signals in unkeyed records
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -168,14 +168,14 @@ class StreamLoop:
         # One poll may hold several partitions' records: take them in event-time order, so
         # the correlator's clock is not pushed ahead by one topic while another lags.
         for record in sorted(records, key=lambda r: r.timestamp_ms):
-            if record.key is None and record.topic not in self._unkeyed_topics:
-                self._unkeyed_topics.add(record.topic)
+            parsed = _parse(record, max_time)
+            if record.key is None and parsed.signals and record.topic not in self._unkeyed:
+                self._unkeyed.add(record.topic)
                 log.warning(
                     "records without a key topic=%s: correlation is right within this process, "
                     "but scaling out needs records keyed by workload (see detector produce)",
                     record.topic,
                 )
-            parsed = _parse(record, max_time)
             if self.processor.process(parsed, self._session) is not None:
                 self._dead_letter(record, parsed)
                 sent += 1

@@ -198,23 +198,16 @@ def incidents_in(db_url: str) -> list[dict[str, Any]]:
 
 
 def core_of(doc: dict[str, Any]) -> dict[str, Any]:
-    """Return what must not depend on the interleaving of the four topics.
+    """Return what a live run must share with a straight replay: every stage change, note, step
+    and victim with its time, the pods and the planned steps.
 
-    Evidence kept per kind and the stage changes after the cascade (contained, when) depend
-    on how far one topic's backlog runs ahead of another's; victims, steps and notes do not.
+    The evidence kept per signal kind is left out: after a restart or a takeover, the rebuilt
+    state keeps its own first-of-a-kind samples (idempotent, but not the same rows).
     """
-    timeline = [
+    timeline = sorted(
         (t["time"], t["kind"], t["message"])
         for t in doc["timeline"]
-        if t["kind"] in ("note", "step") or t["message"].startswith("victim")
-    ]
-    reached = {t["message"].split(":")[0] for t in doc["timeline"] if t["kind"] == "stage"}
-    stages = reached & {"stage -> suspected", "stage -> cascading"}
+        if t["kind"] != "signal" or t["message"].startswith("victim")
+    )
     steps = [(s["position"], s["action"], s["status"]) for s in doc["steps"]]
-    return {
-        "key": doc["key"],
-        "pods": doc["pods"],
-        "steps": steps,
-        "timeline": sorted(timeline),
-        "stages": stages,
-    }
+    return {"key": doc["key"], "pods": doc["pods"], "steps": steps, "timeline": timeline}
