@@ -8,7 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from detector.incidents.containment import preview_diff
+from detector.incidents.steps import StepRecord
 from detector.pipeline import ReplayResult
+from detector.runbooks.definition import Action
 
 CORE_SIGNALS = ("gpu_oom", "crash_loop", "lb_errors", "gpu_memory")
 
@@ -43,6 +46,7 @@ def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
     kinds = {e["kind"] for e in inc["evidence"]}
     sources = {e["id"]: e["source"] for e in inc["evidence"]}
     steps = [s for run in inc["runs"] for s in run["steps"]]
+    approvals = {a["position"]: a for a in inc.get("approvals", [])}
     return {
         "id": inc["id"],
         "key": inc["key"],
@@ -61,6 +65,7 @@ def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
                 "status": s["status"],
                 "approval": s["approval"],
                 "params": s["params"],
+                **step_outcome(s, approvals.get(s["position"])),
             }
             for s in sorted(steps, key=lambda s: s["position"])
         ],
@@ -74,9 +79,46 @@ def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
             for q in inc["questions"]
         ],
         "timeline": [
-            {"time": t["time"], "kind": t["kind"], "message": t["message"]} for t in inc["timeline"]
+            {"time": t["time"], "kind": t["kind"], "message": t["message"]}
+            | ({"detail": t["detail"]} if t.get("detail") else {})
+            for t in inc["timeline"]
         ],
     }
+
+
+def step_outcome(step: dict[str, Any], approval: dict[str, Any] | None) -> dict[str, Any]:
+    """Return what the step engine did with a step: state, policy, approval, diff, verification.
+
+    ``diff`` is the change applied (its first apply; for staggered restarts every eviction),
+    or the change it would make while it has not acted; ``verification`` is its result
+    (``passed``/``failed`` with the checks) or ``pending`` / ``not_run``.
+    """
+    rec = StepRecord.from_record(step.get("result"))
+    applied = rec.plan or {}
+    try:
+        action = Action(step["action"])
+        diff = applied.get("diff") if action is not Action.STAGGER_RESTARTS else None
+        diff = diff if diff is not None else preview_diff(action, step["params"])
+    except ValueError:
+        diff = ""
+    verifying = rec.state in ("verifying", "applying")
+    return {
+        "state": rec.state,
+        "policy": "auto" if step["approval"] == "auto" else "approval",
+        "mode": rec.mode,
+        "approval_state": _approval_state(approval),
+        "diff": diff,
+        "verification": rec.verification
+        or {"result": "pending" if verifying else "not_run", "deadline_at": rec.deadline_at},
+        "reason": rec.reason,
+    }
+
+
+def _approval_state(row: dict[str, Any] | None) -> dict[str, Any]:
+    if row is None:
+        return {"status": "not_requested"}
+    keys = ("status", "policy", "approver_group", "decided_by", "via", "decided_at", "expires_at")
+    return {k: row[k] for k in keys} | ({"reason": row["reason"]} if row["reason"] else {})
 
 
 def render_report(result: ReplayResult, console: Console) -> None:
@@ -114,6 +156,7 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
         for key, value in s["params"].items():
             if key not in ("namespace", "workload", "workload_kind"):
                 console.print(f"     {key}: {escape(str(value))}", soft_wrap=True)
+        _render_outcome(s, console)
     console.print("[bold]questions[/bold]")
     for q in inc["questions"]:
         console.print(f"? {escape(q['question'])}")
@@ -128,6 +171,21 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
     for t in inc["timeline"]:
         line = f"  {_hhmmss(t['time'])} {t['kind']:<8} {escape(t['message'])}"
         console.print(line, soft_wrap=True)
+
+
+def _render_outcome(s: dict[str, Any], console: Console) -> None:
+    approval = s["approval_state"]
+    who = f" by {approval['decided_by']}" if approval.get("decided_by") else ""
+    check = s["verification"]
+    line = (
+        f"state {s['state']} ({s['mode'] or 'not acted'}); approval {approval['status']}{who}; "
+        f"verification {check['result']}"
+    )
+    console.print(f"     [bold]{escape(line)}[/bold]", soft_wrap=True)
+    if s["reason"]:
+        console.print(f"     {escape(s['reason'])}", soft_wrap=True)
+    for row in s["diff"].splitlines():
+        console.print(f"     [dim]{escape(row)}[/dim]", soft_wrap=True, highlight=False)
 
 
 def _hhmmss(value: str | None) -> str:

@@ -1,16 +1,20 @@
-"""Apply the correlator's decisions to the incident store; plan runbooks; answer questions.
+"""Apply the correlator's decisions to the incident store; plan and run runbooks; answer questions.
 
-The one place that crosses domains: correlate -> incidents -> runbooks.
+The one place that crosses domains: correlate -> incidents -> runbooks. An incident that
+starts cascading gets its runbook planned; from then on, after every batch of decisions that
+touches it and at every ``finish``, the step engine advances its steps at the event time
+reached (:mod:`detector.incidents.containment`), so replay and the live loop both run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from detector.config import Settings
 from detector.correlate.state import (
     PATTERN,
     Decision,
@@ -22,10 +26,13 @@ from detector.correlate.state import (
     VictimAdded,
 )
 from detector.incidents import service
+from detector.incidents.containment import Containment, StepActuator, advance, settled
 from detector.incidents.context import IncidentContext
-from detector.incidents.models import Evidence, Incident, Verdict
+from detector.incidents.models import Evidence, Incident, RunbookRun, RunbookStep, Verdict
 from detector.incidents.questions import answer_questions
+from detector.incidents.steps import StepRecord, StepState
 from detector.runbooks.definition import Runbook
+from detector.runbooks.engine import plan_text
 from detector.runbooks.planner import plan
 
 ContextLookup = Callable[[str], IncidentContext | None]
@@ -33,19 +40,49 @@ ContextLookup = Callable[[str], IncidentContext | None]
 
 @dataclass
 class IncidentFlows:
-    """Record decisions in the store, within the caller's transaction."""
+    """Record decisions in the store and run containment, within the caller's transaction.
+
+    ``dry_run`` is the process-wide switch: while True nothing acts for real, whatever is
+    armed. ``containment`` carries the actuator registry and the settings' arming and kill
+    switch (``from_settings``).
+    """
 
     runbook: Runbook
     dry_run: bool = True
+    containment: Containment = field(default_factory=Containment)
     incidents: dict[str, Incident] = field(default_factory=dict)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     _planned: set[str] = field(default_factory=set)
+    _clock: float = 0.0  # the latest event time of a decision seen
+
+    def __post_init__(self) -> None:
+        self.containment = replace(self.containment, dry_run=self.dry_run)
+
+    @classmethod
+    def from_settings(
+        cls,
+        runbook: Runbook,
+        settings: Settings,
+        actuators: Mapping[str, StepActuator] | None = None,
+    ) -> IncidentFlows:
+        """Build the flows of one process: dry-run, arming and kill switch from ``settings``."""
+        containment = Containment(
+            actuators=dict(actuators or {}),
+            armed_workloads=frozenset(settings.containment.armed_workloads),
+            kill_switch=settings.containment.kill_switch,
+        )
+        return cls(runbook, dry_run=settings.dry_run, containment=containment)
 
     def apply(
         self, decisions: list[Decision], *, session: Session, contexts: ContextLookup
     ) -> None:
-        """Write each decision; plan containment when an incident starts cascading."""
+        """Write each decision; plan containment when an incident starts cascading, then
+        advance the steps of the incidents the decisions touched."""
+        touched: dict[str, None] = {}
         for d in decisions:
+            self._clock = max(self._clock, _time(d))
+            if not isinstance(d, VerdictRecorded):
+                touched[d.key] = None
             if isinstance(d, VerdictRecorded):
                 self.verdicts[d.dedupe_key] = service.record_verdict(
                     session=session,
@@ -66,13 +103,48 @@ class IncidentFlows:
                 self._victim(incident, d, session, contexts)
             elif isinstance(d, EvidenceAdded):
                 self._evidence(incident, d, session)
+        for key in touched:
+            self.contain(key, session=session, contexts=contexts)
 
     def finish(self, *, session: Session, contexts: ContextLookup) -> None:
-        """Answer the investigation questions of every incident touched in this run."""
+        """Advance containment and answer the questions of every incident touched so far."""
         for key, incident in self.incidents.items():
             ctx = contexts(key)
             if ctx is not None:
+                self.contain(key, session=session, contexts=contexts)
                 self._answer(incident, ctx, session)
+
+    def contain(
+        self,
+        key: str,
+        *,
+        session: Session,
+        contexts: ContextLookup,
+        now: float | None = None,
+    ) -> int:
+        """Advance the steps of incident ``key`` at ``now`` (default: the event time reached).
+
+        The event time reached is the latest of the decisions seen and of the incident's
+        evidence. A caller with a clock of its own (a live loop between batches) may pass
+        ``now``. Returns how many moves were made.
+        """
+        incident, ctx = self.incidents.get(key), contexts(key)
+        if incident is None or ctx is None:
+            return 0
+        run = _run(incident, self.runbook.name)
+        if run is None or settled(run, self.runbook):
+            return 0
+        latest = max((s.time for s in ctx.signals), default=ctx.opened_at)
+        when = now if now is not None else max(self._clock, latest)
+        return advance(
+            session=session,
+            incident=incident,
+            run=run,
+            runbook=self.runbook,
+            ctx=ctx,
+            now=when,
+            containment=self.containment,
+        )
 
     def _incident(self, d: Decision, session: Session) -> Incident:
         key = d.key  # type: ignore[union-attr]
@@ -149,20 +221,25 @@ class IncidentFlows:
             mode=mode,
             time=time,
         )
+        rows = {row.position: row for row in run.steps}
         for step in plan(self.runbook, ctx, dry_run=self.dry_run):
+            row = rows.get(step.position)
+            if row is not None and _acted(row):
+                continue  # what was applied or approved stays as it was planned then
             service.upsert_step(
                 session=session,
                 run=run,
                 position=step.position,
                 action=step.action,
                 title=step.title,
-                status=step.status,
+                status=row.status if row is not None else step.status,
                 params=_jsonable(step.params),
                 approval=step.approval,
+                result=row.result if row is not None else None,
                 time=time,
             )
             self._note(session, incident, time, "step", f"step {step.position} "
-                       f"{step.action} {step.status}: {step.title}",
+                       f"{step.action} {step.status}: {step.title} - {plan_text(step)}",
                        f"step:{step.position}:planned")  # fmt: skip
 
     def _answer(self, incident: Incident, ctx: IncidentContext, session: Session) -> None:
@@ -201,6 +278,21 @@ class IncidentFlows:
             dedupe_key=dedupe_key,
             evidence=evidence,
         )
+
+
+def _time(d: Decision) -> float:
+    """Return the event time of a decision (an evidence decision: its signal's)."""
+    return d.signal.time if isinstance(d, EvidenceAdded) else d.time
+
+
+def _run(incident: Incident, runbook: str) -> RunbookRun | None:
+    return next((run for run in incident.runs if run.runbook == runbook), None)
+
+
+def _acted(row: RunbookStep) -> bool:
+    """Return True once a step is past waiting: approved, applied, or decided."""
+    state = StepRecord.from_record(row.result).state
+    return state not in (StepState.PLANNED.value, StepState.AWAITING_APPROVAL.value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
     ForeignKey,
@@ -89,7 +90,10 @@ class RunMode(StrEnum):
 
 
 class StepStatus(StrEnum):
-    """Status of one runbook step."""
+    """Status of one runbook step: ``dry_run`` while only recorded, else the engine's state.
+
+    The engine's states are those of ``detector.incidents.steps.StepState``.
+    """
 
     PLANNED = "planned"
     DRY_RUN = "dry_run"
@@ -97,6 +101,17 @@ class StepStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    APPROVED = "approved"
+    APPLYING = "applying"
+    VERIFYING = "verifying"
+    VERIFIED = "verified"
+    ESCALATED = "escalated"
+    ROLLED_BACK = "rolled_back"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    NOT_NEEDED = "not_needed"
+    LIFTING = "lifting"
+    LIFTED = "lifted"
 
 
 def to_datetime(ts: float) -> datetime:
@@ -189,6 +204,9 @@ class Incident(Base):
     questions: Mapped[list[Question]] = relationship(
         order_by="Question.id", cascade="all, delete-orphan", passive_deletes=True
     )
+    approvals: Mapped[list[StepApproval]] = relationship(
+        order_by="StepApproval.position", cascade="all, delete-orphan", passive_deletes=True
+    )
 
 
 class IncidentPod(Base):
@@ -259,6 +277,7 @@ class TimelineEntry(Base):
         IdType, ForeignKey("evidence.id", ondelete="SET NULL")
     )
     dedupe_key: Mapped[str] = mapped_column(String(512))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # a step's actor, diff ...
 
     evidence: Mapped[Evidence | None] = relationship()
 
@@ -368,3 +387,67 @@ class DeadLetter(Base):
     def source(self) -> SourcePos:
         """Return the source record position (partition None for files)."""
         return _source(self.source_origin, self.source_partition, self.source_position)
+
+
+class StepApproval(Base):
+    """The approval of one runbook step of an incident.
+
+    Policy ``auto`` rows are written ``approved`` by ``policy:auto``; ``approval`` rows are
+    ``pending`` until a person on the allow-list approves or denies them, or they expire.
+    Only a pending row changes (a conditional update), so concurrent decisions cannot both win.
+    """
+
+    __tablename__ = "approvals"
+    __table_args__ = (UniqueConstraint("incident_id", "step_id"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(IdType, ForeignKey("incidents.id", ondelete="CASCADE"))
+    step_id: Mapped[str] = mapped_column(String(64))
+    position: Mapped[int] = mapped_column(Integer)
+    policy: Mapped[str] = mapped_column(String(16))
+    approver_group: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16))
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    via: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Control(Base):
+    """An operator's switch: the global kill switch (scope ``*``) or a workload's arming.
+
+    ``scope`` is ``*`` or ``namespace/workload``; ``name`` is ``kill_switch`` or ``armed``.
+    """
+
+    __tablename__ = "controls"
+
+    scope: Mapped[str] = mapped_column(String(512), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class StepAction(Base):
+    """One actuator call of a step on a workload: the history the safety rails count.
+
+    ``move`` is the engine's (applied, restarted, rolled_back, lifted, removed); ``live``
+    False for a dry run; ``dedupe_key`` makes recording it idempotent.
+    """
+
+    __tablename__ = "step_actions"
+    __table_args__ = (Index("ix_step_actions_workload_time", "namespace", "workload", "time"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(IdType, ForeignKey("incidents.id", ondelete="CASCADE"))
+    namespace: Mapped[str] = mapped_column(String(255))
+    workload: Mapped[str] = mapped_column(String(255))
+    step_id: Mapped[str] = mapped_column(String(64))
+    move: Mapped[str] = mapped_column(String(32))
+    live: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))
+    time: Mapped[datetime] = mapped_column(UTCDateTime())
+    dedupe_key: Mapped[str] = mapped_column(String(512), unique=True)

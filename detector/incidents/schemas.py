@@ -48,13 +48,30 @@ class EvidenceOut(_Out):
 
 
 class TimelineEntryOut(_Out):
-    """One timeline line."""
+    """One timeline line; ``detail`` is a step's structured entry (actor, status, diff ...)."""
 
     id: int
     time: datetime
     kind: str
     message: str
     evidence_id: int | None
+    detail: dict[str, Any] | None = None
+
+
+class ApprovalOut(_Out):
+    """The approval of one step: ``pending``, ``approved``, ``denied`` or ``expired``."""
+
+    step_id: str
+    position: int
+    policy: str
+    approver_group: str | None
+    status: str
+    requested_at: datetime
+    expires_at: datetime | None
+    decided_at: datetime | None
+    decided_by: str | None
+    via: str | None
+    reason: str
 
 
 class StepOut(_Out):
@@ -110,13 +127,14 @@ class IncidentSummaryOut(_Out):
 
 
 class IncidentOut(IncidentSummaryOut):
-    """An incident with its victims, evidence summaries, timeline, runs and questions."""
+    """An incident with its victims, evidence, timeline, runs, questions and approvals."""
 
     victims: list[VictimOut]
     evidence: list[EvidenceOut]
     timeline: list[TimelineEntryOut]
     runs: list[RunOut]
     questions: list[QuestionOut]
+    approvals: list[ApprovalOut] = []
 
 
 class VerdictOut(_Out):

@@ -198,8 +198,12 @@ def add_timeline_entry(
     message: str,
     dedupe_key: str,
     evidence: Evidence | None = None,
+    detail: Mapping[str, Any] | None = None,
 ) -> TimelineEntry | None:
-    """Add a timeline entry unless one with ``dedupe_key`` exists; None when it already did."""
+    """Add a timeline entry unless one with ``dedupe_key`` exists; None when it already did.
+
+    ``detail`` is structured data kept with the line (a step's actor, status, diff ...).
+    """
     values = {
         "incident_id": incident.id,
         "time": to_datetime(time),
@@ -207,6 +211,7 @@ def add_timeline_entry(
         "message": clean_text(message),
         "evidence_id": evidence.id if evidence is not None else None,
         "dedupe_key": dedupe_key,
+        "detail": clean_json(dict(detail)) if detail is not None else None,
     }
     row, inserted = _get_or_insert(session, TimelineEntry, values, ["incident_id", "dedupe_key"])
     if not inserted:
@@ -318,6 +323,22 @@ def upsert_step(
         step.updated_at = now
         session.flush()
     return step
+
+
+@store_errors
+def set_step_state(
+    *,
+    session: Session,
+    step: RunbookStep,
+    status: str,
+    result: Mapping[str, Any],
+    time: float,
+) -> None:
+    """Store the engine's ``result`` record and ``status`` of a step; ``time`` stamps it."""
+    step.status = StepStatus(status).value
+    step.result = clean_json(dict(result))
+    step.updated_at = to_datetime(time)
+    session.flush()
 
 
 @store_errors

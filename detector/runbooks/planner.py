@@ -42,8 +42,9 @@ class PlannedStep:
     ``position`` is 1-based; ``params`` are the rendered parameter values (all str);
     ``status`` is ``dry_run`` in a dry run, else ``planned`` (policy ``auto``) or
     ``awaiting_approval`` (policy ``approval``); ``basis`` explains the numbers. ``policy``,
-    ``approval_expiry_s`` (seconds a pending approval waits) and ``lift`` (how a temporary
-    measure is relaxed after the incident) are the step's, for the step engine.
+    ``approval_expiry_s`` (seconds a pending approval waits), ``lift`` (how a temporary
+    measure is relaxed after the incident) and ``floors`` (the runbook's, merged with the
+    defaults) are for the step engine.
     """
 
     position: int
@@ -60,6 +61,7 @@ class PlannedStep:
     policy: str = "auto"
     approval_expiry_s: float = 600.0
     lift: Lift | None = None
+    floors: Floors = DEFAULT_FLOORS
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,35 @@ class Traffic:
 def _merge_floors(floors: Floors | None) -> Floors:
     given = floors.model_dump(exclude_none=True) if floors is not None else {}
     return DEFAULT_FLOORS.model_copy(update=given)
+
+
+def planned_step(
+    runbook: Runbook, position: int, params: dict[str, str], status: str, title: str = ""
+) -> PlannedStep:
+    """Return the PlannedStep at ``position`` (1-based) from already rendered ``params``.
+
+    For steps planned before and stored (``RunbookStep`` rows): the policy, verification,
+    lift and floors come from the runbook, the params from the store. Raises IndexError when
+    the runbook has no step at ``position``.
+    """
+    step = runbook.steps[position - 1]
+    return PlannedStep(
+        position=position,
+        step_id=step.id,
+        action=step.action,
+        title=title or step.title,
+        params=params,
+        approval=step.approval,
+        status=status,
+        verify=step.verify,
+        on_failure=step.on_failure,
+        cooldown_s=step.cooldown_s,
+        basis=params.get("basis", ""),
+        policy=step.policy.value,
+        approval_expiry_s=step.approval_expiry_s,
+        lift=step.lift,
+        floors=_merge_floors(runbook.floors()),
+    )
 
 
 def last_victim_time(ctx: IncidentContext) -> float:
@@ -399,7 +430,8 @@ def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> lis
 
     Raises RunbookError (from rendering) naming the step and param that failed.
     """
-    variables = build_variables(ctx, floors=runbook.floors())
+    floors = _merge_floors(runbook.floors())
+    variables = build_variables(ctx, floors=floors)
     return [
         PlannedStep(
             position=position,
@@ -416,6 +448,7 @@ def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> lis
             policy=step.policy.value,
             approval_expiry_s=step.approval_expiry_s,
             lift=step.lift,
+            floors=floors,
         )
         for position, step in enumerate(runbook.steps, start=1)
     ]

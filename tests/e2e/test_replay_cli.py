@@ -152,3 +152,52 @@ def test_a_plain_text_pod_log_is_read_with_the_identity_given(tmp_path: Path) ->
     assert [(i["workload"], i["pods"]) for i in doc["incidents"]] == [("llm/vllm", ["vllm-0"])]
     without = subprocess.run([*cmd[:5], str(corpus)], capture_output=True, text=True, check=False)
     assert json.loads(without.stdout)["events"]["rejected"] > 0  # no identity: unknown format
+
+
+def test_every_step_shows_its_change_approval_and_verification(demo: dict[str, Any]) -> None:
+    """Issue 5's done-when: the dry-run replay shows, per step, diff, approval, verification."""
+    inc = demo["incidents"][0]
+    ceiling, rate, restart = inc["steps"]
+    for step in inc["steps"]:
+        assert step["diff"].startswith("--- ")
+        assert step["approval_state"]["status"] in ("approved", "pending")
+        assert step["verification"]["result"] in ("passed", "failed", "not_run")
+    assert "+--max-num-seqs=13" in ceiling["diff"] and "---max-num-seqs=256" in ceiling["diff"]
+    assert 'nginx.ingress.kubernetes.io/limit-rps: "' in rate["diff"]
+    assert restart["diff"].count('"kind": "Eviction"') == len(inc["pods"])
+    # the cascade spread after each automatic step: verified failed, escalated to the next
+    for step in (ceiling, rate):
+        assert (step["state"], step["mode"], step["policy"]) == ("escalated", "dry_run", "auto")
+        assert step["approval_state"]["decided_by"] == "policy:auto"
+        checks = {c["check"]: c for c in step["verification"]["checks"]}
+        assert step["verification"]["result"] == "failed" and not checks["ooms_stop"]["ok"]
+    assert (restart["state"], restart["policy"]) == ("awaiting_approval", "approval")
+    assert restart["approval_state"]["status"] == "pending"
+    assert restart["approval_state"]["approver_group"] == "sre-oncall"
+    assert restart["verification"]["result"] == "not_run"
+
+
+def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str, Any]) -> None:
+    inc = demo["incidents"][0]
+    details = [t["detail"] for t in inc["timeline"] if "detail" in t]
+    events = [(d["step"], d["event"]) for d in details]
+    assert events == [
+        ("lower_batch_ceiling", "auto_approved"),
+        ("lower_batch_ceiling", "applied"),
+        ("lower_batch_ceiling", "escalated"),
+        ("enable_rate_limit", "auto_approved"),
+        ("enable_rate_limit", "applied"),
+        ("enable_rate_limit", "escalated"),
+        ("stagger_restarts", "approval_requested"),
+    ]
+    for d in details:
+        assert d["actor"] and d["reason"] and d["state"]
+    applied = [d for d in details if d["event"] == "applied"]
+    assert all(d["mode"] == "dry_run" and d["diff"] for d in applied)
+    escalated = [d for d in details if d["event"] == "escalated"]
+    assert all(d["verification"]["result"] == "failed" for d in escalated)
+    asked = details[-1]
+    assert "restart vllm-llama-" in asked["reason"] and "one at a time" in asked["reason"]
+    assert asked["approval"]["status"] == "pending"
+    messages = [t["message"] for t in inc["timeline"] if "detail" in t]
+    assert "applied [dry-run] by detector" in messages[1]

@@ -1,0 +1,377 @@
+"""Run the step engine for one incident: read its conditions, act, record every transition.
+
+The adapter side of :mod:`detector.runbooks.engine`: the conditions come from the store
+(approvals, arming, kill switch, the workload's recent actions) and the incident's evidence;
+each move that acts goes through the actuator registered for the step's action, for real only
+when the process is not in dry-run, the workload is armed and an actuator is registered;
+otherwise through a ``DryRunActuator`` (or the registered one with ``dry_run=True``), which
+records the exact change it would make. Every transition is stored: the step's record, its
+approval, the action history and a timeline entry with the actor, status, reason and diff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Protocol
+
+from sqlalchemy.orm import Session
+
+from detector.actuators.base import ActionResult, Actuator, Change, Operation, Plan, Status
+from detector.incidents import service
+from detector.incidents.context import IncidentContext
+from detector.incidents.health import health
+from detector.incidents.models import Incident, RunbookRun, RunbookStep
+from detector.incidents.steps import Approval, StepRecord, StepState
+from detector.runbooks import approvals
+from detector.runbooks.definition import Action, Runbook
+from detector.runbooks.engine import (
+    ACTUATOR_MOVES,
+    REVERT_MOVES,
+    Conditions,
+    Move,
+    Transition,
+    next_transition,
+    settle,
+)
+from detector.runbooks.planner import PlannedStep, planned_step
+
+log = logging.getLogger(__name__)
+
+MAX_MOVES = 64  # moves of one incident per call: a bound, far above what a tick needs
+HOUR_S = 3600.0
+_DONE = frozenset(
+    {
+        StepState.NOT_NEEDED,
+        StepState.DENIED,
+        StepState.EXPIRED,
+        StepState.FAILED,
+        StepState.ROLLED_BACK,
+        StepState.LIFTED,
+    }
+)
+
+
+class StepActuator(Protocol):
+    """What the engine needs of an actuator: plan a step's change, apply it, revert it."""
+
+    def plan_step(self, step: PlannedStep) -> Plan:
+        """Return the exact change ``step`` makes, read against the current content."""
+        ...
+
+    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Make the change (dry-run: record it only)."""
+        ...
+
+    def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Undo the change (dry-run: record it only)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActuatorBinding:
+    """An ``Actuator`` with the function that plans its change from a planned step.
+
+    E.g. ``ActuatorBinding(limiter, lambda s: limiter.plan(rate_limit_from_step(s)))`` for
+    the nginx rate limit (detector.actuators.nginx).
+    """
+
+    actuator: Actuator
+    plan_for: Callable[[PlannedStep], Plan]
+
+    def plan_step(self, step: PlannedStep) -> Plan:
+        """Return ``plan_for(step)``."""
+        return self.plan_for(step)
+
+    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Apply through the actuator."""
+        return self.actuator.apply(plan, dry_run=dry_run)
+
+    def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Revert through the actuator."""
+        return self.actuator.revert(plan, dry_run=dry_run)
+
+
+def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str | None, str]:
+    """Return (target, content before, content after) that a step would change, as text.
+
+    Ceiling: the container args or env of the workload (before: the ceilings in force, from
+    the engine's startup lines). Rate limit: the ingress annotations (before: none). Restart:
+    the Eviction the API server would get for the ``pod`` param (before: none).
+    """
+    p = params
+    if action is Action.LOWER_BATCH_CEILING:
+        where = f"{p.get('workload_kind')}/{p.get('namespace')}/{p.get('workload')}"
+        target = f"{where} container {p.get('set_via', 'args')}"
+        before = p.get("current_settings")
+        return target, _lines(before) if before else None, _lines(p.get("settings", ""))
+    if action is Action.ENABLE_RATE_LIMIT:
+        target = f"Ingress/{p.get('namespace')}/{p.get('ingress')} annotations"
+        prefix = "nginx.ingress.kubernetes.io"
+        after = (
+            f'{prefix}/limit-connections: "{p.get("limit_connections")}"\n'
+            f'{prefix}/limit-rps: "{p.get("limit_rps")}"\n'
+        )
+        return target, None, after
+    pod, namespace = p.get("pod", "?"), p.get("namespace")
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip
+    target = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"
+    return target, None, json.dumps(body, sort_keys=True) + "\n"
+
+
+def _lines(text: str) -> str:
+    """Return ``--a=1 --b=2`` / ``A=1 B=2`` as one setting per line."""
+    return "".join(f"{word}\n" for word in text.split(" ") if word)
+
+
+def preview_diff(action: Action, params: Mapping[str, str]) -> str:
+    """Return the diff a step would make from nothing applied yet (every pod, for restarts)."""
+    pods: list[str | None] = [None]
+    if action is Action.STAGGER_RESTARTS:
+        try:
+            pods = [str(p) for p in json.loads(params.get("pods") or "[]")]
+        except ValueError:
+            pods = []
+    diffs = []
+    for pod in pods:
+        target, before, after = dry_run_change(action, {**params, "pod": pod or ""})
+        diffs.append(Change(target, before, after).diff)
+    return "".join(diffs)
+
+
+class DryRunActuator(Actuator):
+    """Record the change a step would make, as text; it never touches any system.
+
+    ``current`` is the content the detector believes is in place (the after of its last
+    recorded change), so a lift or a removal shows its diff against what was applied.
+    """
+
+    action: ClassVar[str] = "dry_run"
+
+    def __init__(self, current: Mapping[str, str | None] | None = None) -> None:
+        self._content: dict[str, str | None] = dict(current or {})
+
+    @property
+    def target(self) -> str:
+        """Return ``dry-run``."""
+        return "dry-run"
+
+    def plan_step(self, step: PlannedStep) -> Plan:
+        """Return the plan of ``dry_run_change(step)`` against the believed content."""
+        target, before, after = dry_run_change(step.action, step.params)
+        self._content.setdefault(target, before)
+        change = Change(target, self._content[target], after)
+        return Plan(step.action.value, target, (change,), f"{step.step_id} (dry-run actuator)")
+
+    def read(self, target: str) -> str | None:
+        """Return the believed content of ``target``."""
+        return self._content.get(target)
+
+    def write(self, target: str, content: str | None) -> None:
+        """Change the believed content only (called only with ``dry_run=False``)."""
+        self._content[target] = content
+
+    def validate(self) -> None:
+        """Nothing to validate."""
+
+    def activate(self) -> None:
+        """Nothing to activate."""
+
+
+@dataclass
+class Containment:
+    """What the runner needs besides the store and the runbook.
+
+    ``dry_run``: the process-wide switch (nothing acts for real while it is True);
+    ``actuators``: the registry, by action (``Action`` value); ``armed_workloads`` and
+    ``kill_switch``: the settings' (the stored switches are read too).
+    """
+
+    dry_run: bool = True
+    actuators: Mapping[str, StepActuator] = field(default_factory=dict)
+    armed_workloads: frozenset[str] = frozenset()
+    kill_switch: bool = False
+
+
+def stored_plan(runbook: Runbook, run: RunbookRun) -> list[PlannedStep]:
+    """Return the run's steps as planned steps: params from the store, policy from the runbook."""
+    steps = []
+    for row in run.steps:
+        if 1 <= row.position <= len(runbook.steps):
+            params = {str(k): str(v) for k, v in (row.params or {}).items()}
+            steps.append(planned_step(runbook, row.position, params, row.status, row.title))
+    return steps
+
+
+def records_of(run: RunbookRun) -> dict[int, StepRecord]:
+    """Return the stored engine record of each step of ``run``, by position."""
+    return {row.position: StepRecord.from_record(row.result) for row in run.steps}
+
+
+def settled(run: RunbookRun, runbook: Runbook) -> bool:
+    """Return True when no step of ``run`` can move again (a cheap check before a tick)."""
+    for pos, rec in records_of(run).items():
+        state = StepState(rec.state)
+        lift = pos <= len(runbook.steps) and runbook.steps[pos - 1].lift is not None
+        ended = state in (StepState.VERIFIED, StepState.ESCALATED) and not (lift and rec.in_place)
+        if state not in _DONE and not ended:
+            return False
+    return bool(run.steps)
+
+
+def advance(
+    *,
+    session: Session,
+    incident: Incident,
+    run: RunbookRun,
+    runbook: Runbook,
+    ctx: IncidentContext,
+    now: float,
+    containment: Containment,
+) -> int:
+    """Make every move of the incident's steps due at ``now``; return how many were made."""
+    steps = stored_plan(runbook, run)
+    rows = {row.position: row for row in run.steps}
+    stored = records_of(run)
+    records = {step.step_id: stored[step.position] for step in steps}
+    made = 0
+    for _ in range(MAX_MOVES):
+        cond = _conditions(session, incident, runbook, ctx, now, containment)
+        t = next_transition(steps, records, cond)
+        if t is None:
+            break
+        if t.move is Move.EXPIRED and not approvals.expire(
+            session=session, incident=incident, step_id=t.step.step_id, time=now, reason=t.reason
+        ):
+            pending = cond.approvals.get(t.step.step_id)
+            if pending is None or pending.status != "pending":
+                continue  # decided meanwhile: the next round reads the decision
+        if t.move in ACTUATOR_MOVES:
+            t = _act(t, containment)
+        _store(session, incident, rows[t.step.position], t, now)
+        records[t.step.step_id] = t.record
+        made += 1
+    return made
+
+
+def _conditions(
+    session: Session,
+    incident: Incident,
+    runbook: Runbook,
+    ctx: IncidentContext,
+    now: float,
+    c: Containment,
+) -> Conditions:
+    armed = approvals.is_armed(
+        session=session,
+        namespace=incident.namespace,
+        workload=incident.workload,
+        armed_workloads=c.armed_workloads,
+    )
+    live = armed and not c.dry_run
+    rows = approvals.approvals_of(session=session, incident=incident)
+    count = approvals.actions_between(
+        session=session,
+        namespace=incident.namespace,
+        workload=incident.workload,
+        live=live,
+        since=now - HOUR_S,
+        until=now,
+    )
+    return Conditions(
+        now=now,
+        health=health(ctx),
+        live=live,
+        actuated=frozenset(c.actuators),
+        kill_switch=approvals.kill_switch_on(session=session, setting=c.kill_switch),
+        approvals={k: Approval(r.status, r.decided_by, r.via, r.reason) for k, r in rows.items()},
+        actions_last_hour=count,
+        max_actions_per_hour=runbook.max_actions_per_hour,
+        last_apply_at=approvals.last_applies(
+            session=session, incident=incident, live=live, until=now
+        ),
+    )
+
+
+def _act(t: Transition, c: Containment) -> Transition:
+    """Perform an acting move through its actuator; never raises (the step runner's boundary)."""
+    action = t.step.action.value
+    actuator = c.actuators.get(action) or DryRunActuator(_believed(t.record))
+    dry_run = not t.live
+    plan: Plan | None = None
+    try:
+        if t.move in REVERT_MOVES:
+            plan = Plan.from_record(t.record.plan or {})
+            result = actuator.revert(plan, dry_run=dry_run)
+        else:
+            plan = actuator.plan_step(replace(t.step, params=dict(t.params or {})))
+            result = actuator.apply(plan, dry_run=dry_run)
+    except Exception as exc:  # the background step runner's boundary: one step, not the stream
+        log.exception("actuator failed step=%s move=%s", t.step.step_id, t.move.value)
+        operation = Operation.REVERT if t.move in REVERT_MOVES else Operation.APPLY
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        result = ActionResult(action, "actuator", operation, Status.FAILED, reason="error",
+                              error=error, restored=False)  # fmt: skip
+    return settle(t, result, plan.as_record() if plan is not None else None)
+
+
+def _believed(rec: StepRecord) -> dict[str, str | None]:
+    """Return target -> content after the step's latest recorded change (dry-run simulation)."""
+    changes = (rec.current or {}).get("changes") or []
+    return {str(c["target"]): c.get("after") for c in changes}
+
+
+def step_status(planned_status: str, rec: StepRecord) -> str:
+    """Return the status column of a step: ``dry_run`` while only recorded, else its state."""
+    if rec.mode == "live":
+        return rec.state
+    if rec.mode == "dry_run" or planned_status == "dry_run":
+        return "dry_run"
+    return rec.state
+
+
+def _store(
+    session: Session, incident: Incident, row: RunbookStep, t: Transition, now: float
+) -> None:
+    """Store the step's record and approval, the action history and the timeline entry."""
+    rec, step = t.record, t.step
+    status = step_status(row.status, rec)
+    service.set_step_state(
+        session=session, step=row, status=status, result=rec.as_record(), time=now
+    )
+    if t.move in (Move.AUTO_APPROVE, Move.REQUEST_APPROVAL):
+        group = step.approval.removeprefix("approver:")
+        approvals.request(
+            session=session,
+            incident=incident,
+            step_id=step.step_id,
+            position=step.position,
+            policy=step.policy,
+            group=group,
+            time=now,
+            expires_at=rec.expires_at,
+        )
+    if t.move in ACTUATOR_MOVES:
+        ok = rec.state != StepState.FAILED.value
+        approvals.record_action(
+            session=session,
+            incident=incident,
+            step_id=step.step_id,
+            move=t.move.value,
+            live=t.live,
+            status="ok" if ok else "failed",
+            time=now,
+            dedupe_key=f"{incident.id}:{t.dedupe}",
+        )
+    service.add_timeline_entry(
+        session=session,
+        incident=incident,
+        time=now,
+        kind="step",
+        message=t.message[:1000],
+        dedupe_key=t.dedupe,
+        detail=t.detail(),
+    )

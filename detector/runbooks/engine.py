@@ -1,0 +1,453 @@
+"""The step engine: decide whether and when each planned step acts. Pure, time passed in.
+
+``next_transition(steps, records, conditions)`` returns the one next ``Transition`` of an
+incident's planned steps, or None when nothing is due. The caller
+(:mod:`detector.incidents.containment`) performs it (``ACTUATOR_MOVES`` go through an actuator
+and are completed by ``settle``), stores the record, approval and timeline entry (``dedupe``
+keeps them idempotent), and asks again.
+
+A step's turn comes when it is the first, or the step before it failed (verification failed,
+denied, expired, failed to apply); a verified step ends the run (the later ones are not
+needed). Policy ``auto`` approves at once, ``approval`` waits for a person until it expires.
+Before every actuator call: the kill switch; before applies and restarts, the cap of actions
+per workload per hour; before an apply, the cooldown per workload and step and the floors.
+Staggered restarts: one pod per move, the next after the spacing (and warm-up after Ready).
+Verification passes when the incident is contained, fails at once when the cascade spreads
+(``ooms_stop``), else the checks decide at the deadline; a failure escalates or rolls back.
+Once the incident is resolved a step with a ``lift`` is relaxed step by step, then removed.
+Records only move forward and nothing moves before a record's last move (event time), so a
+re-run over the same input changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from detector.actuators.base import ActionResult, Status
+from detector.incidents.health import Health, evaluate, hms, spread
+from detector.incidents.steps import Approval, StepRecord, StepState
+from detector.runbooks.definition import Action, OnFailure
+from detector.runbooks.planner import PlannedStep
+
+ENGINE_ACTOR = "detector"
+CALM_STAGES = ("contained", "resolved")
+FLOOR_PARAMS = {  # param -> the Floors field it may never go under (DESIGN.md section 8)
+    "new_ceiling": "batch_ceiling",
+    "limit_rps": "rate_limit_rps",
+    "limit_connections": "limit_connections",
+    "spacing_s": "spacing_s",
+}
+
+
+class Move(StrEnum):
+    """What one transition does; the value is the timeline's word for it."""
+
+    NOT_NEEDED = "not_needed"
+    AUTO_APPROVE = "auto_approved"
+    REQUEST_APPROVAL = "approval_requested"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    BLOCKED = "blocked"
+    REFUSED = "refused"
+    APPLY = "applied"
+    RESTART = "restarted"
+    VERIFIED = "verified"
+    ESCALATE = "escalated"
+    ROLLBACK = "rolled_back"
+    LIFT = "lifted"
+    REMOVE = "removed"
+
+
+ACTUATOR_MOVES = frozenset({Move.APPLY, Move.RESTART, Move.ROLLBACK, Move.LIFT, Move.REMOVE})
+REVERT_MOVES = frozenset({Move.ROLLBACK, Move.REMOVE})  # revert the first apply's plan
+COUNTED_MOVES = frozenset({Move.APPLY, Move.RESTART})  # count against the hourly cap
+_VERDICTS = frozenset({Move.VERIFIED, Move.ESCALATE, Move.ROLLBACK})
+
+
+@dataclass(frozen=True, slots=True)
+class Conditions:
+    """Everything besides the steps that the engine decides on, at event time ``now``.
+
+    ``live``: the process acts for real and the workload is armed; ``actuated``: the actions
+    with a real actuator (the others are recorded as dry-run); ``approvals`` by step id;
+    ``actions_last_hour``: applies and restarts on the workload in the hour up to ``now``;
+    ``last_apply_at``: by step id, the latest apply of that step on the workload by another
+    incident (for the cooldown).
+    """
+
+    now: float
+    health: Health
+    live: bool = False
+    actuated: frozenset[str] = frozenset()
+    kill_switch: bool = False
+    approvals: Mapping[str, Approval] = field(default_factory=dict)
+    actions_last_hour: int = 0
+    max_actions_per_hour: int = 6
+    last_apply_at: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One move of one step: the record after it, who did it and why.
+
+    For ``ACTUATOR_MOVES`` the caller plans ``params`` (apply, restart, lift) or reverts
+    ``record.plan`` (rollback, removal), for real when ``live``, and calls ``settle``.
+    """
+
+    step: PlannedStep
+    move: Move
+    record: StepRecord
+    actor: str
+    reason: str
+    dedupe: str
+    params: Mapping[str, str] | None = None
+    live: bool = False
+    diff: str = ""
+
+    @property
+    def message(self) -> str:
+        """Return the timeline line: step, what happened, mode, actor and reason."""
+        mode = (" [live]" if self.live else " [dry-run]") if self.move in ACTUATOR_MOVES else ""
+        step = f"step {self.step.position} {self.step.step_id}"
+        return f"{step} {self.move.value}{mode} by {self.actor}: {self.reason}"
+
+    def detail(self) -> dict[str, Any]:
+        """Return the structured timeline detail: status, actor, reason, diff, approval."""
+        rec = self.record
+        return {
+            "step": self.step.step_id,
+            "position": self.step.position,
+            "action": self.step.action.value,
+            "event": self.move.value,
+            "state": rec.state,
+            "actor": self.actor,
+            "reason": self.reason,
+            "mode": rec.mode if self.move in ACTUATOR_MOVES else None,
+            "diff": self.diff,
+            "approval": rec.approval,
+            "verification": rec.verification if self.move in _VERDICTS else None,
+        }
+
+
+def next_transition(
+    steps: Sequence[PlannedStep], records: Mapping[str, StepRecord], cond: Conditions
+) -> Transition | None:
+    """Return the next move of the first step that has one due, or None."""
+    previous: StepRecord | None = None
+    for step in steps:
+        rec = records.get(step.step_id) or StepRecord()
+        if rec.since is None or cond.now >= rec.since:  # never before the last move
+            found = _step_move(step, rec, previous, cond)
+            if found is not None:
+                return found
+        previous = rec
+    return None
+
+
+def _to(state: StepState, outcome: str | None = None, **more: Any) -> dict[str, Any]:
+    return {"state": state.value, **({"outcome": outcome} if outcome else {}), **more}
+
+
+def _t(
+    step: PlannedStep,
+    move: Move,
+    rec: StepRecord,
+    now: float,
+    reason: str,
+    update: Mapping[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    actor: str = ENGINE_ACTOR,
+    params: Mapping[str, str] | None = None,
+    live: bool = False,
+) -> Transition:
+    record = replace(rec, since=now, reason=reason, **(update or {}))
+    dedupe = f"step:{step.step_id}:{key or move.value}"
+    return Transition(step, move, record, actor, reason, dedupe, params, live)
+
+
+def _step_move(
+    step: PlannedStep, rec: StepRecord, prev: StepRecord | None, cond: Conditions
+) -> Transition | None:
+    state = StepState(rec.state)
+    if state is StepState.PLANNED:
+        return _turn(step, rec, prev, cond)
+    if state is StepState.AWAITING_APPROVAL:
+        return _awaiting(step, rec, cond)
+    if state is StepState.APPROVED:
+        return _apply(step, rec, cond)
+    if state is StepState.APPLYING:
+        return _next_restart(step, rec, cond)
+    if state is StepState.VERIFYING:
+        return _verify(step, rec, cond)
+    lifting = state in (StepState.VERIFIED, StepState.ESCALATED, StepState.LIFTING)
+    if lifting and rec.in_place and step.lift is not None and cond.health.stage == "resolved":
+        return _lift(step, rec, cond)
+    return None
+
+
+def _turn(
+    step: PlannedStep, rec: StepRecord, prev: StepRecord | None, cond: Conditions
+) -> Transition | None:
+    now, not_needed = cond.now, _to(StepState.NOT_NEEDED, "not_needed")
+    if prev is not None and prev.outcome is None:
+        return None  # the step before is still in play
+    if prev is not None and prev.outcome != "failed":
+        return _t(step, Move.NOT_NEEDED, rec, now, "the step before worked", not_needed)
+    if cond.health.stage in CALM_STAGES:
+        why = f"the incident was {cond.health.stage} before its turn"
+        return _t(step, Move.NOT_NEEDED, rec, now, why, not_needed)
+    if step.policy == "auto":
+        approval = {"status": "approved", "by": "policy:auto", "via": "policy", "at": now}
+        update = _to(StepState.APPROVED, approval=approval)
+        return _t(step, Move.AUTO_APPROVE, rec, now, "policy auto", update)
+    group = step.approval.removeprefix("approver:")
+    expires = now + step.approval_expiry_s
+    approval = {"status": "pending", "group": group, "at": now, "expires_at": expires}
+    update = _to(StepState.AWAITING_APPROVAL, approval=approval, expires_at=expires)
+    why = f"asks {group} until {hms(expires)}: {plan_text(step)}"
+    return _t(step, Move.REQUEST_APPROVAL, rec, now, why, update)
+
+
+def plan_text(step: PlannedStep) -> str:
+    """Return what the step will do, in one line (for staggered restarts, the restart plan)."""
+    p = step.params
+    if step.action is Action.STAGGER_RESTARTS:
+        return (
+            f"restart {', '.join(_pods(step)) or 'no pod'} one at a time ({p.get('order_basis')}"
+            f"), at least {p.get('spacing_s')} s apart plus {p.get('warmup_s', '0')} s warm-up "
+            f"after Ready, at most {p.get('max_unavailable', '1')} unavailable"
+        )
+    if step.action is Action.LOWER_BATCH_CEILING:
+        return f"{p.get('current_settings', '?')} -> {p.get('settings', '?')}"
+    return f"limit-rps {p.get('limit_rps')}, limit-connections {p.get('limit_connections')}"
+
+
+def _awaiting(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    now, got, base = cond.now, cond.approvals.get(step.step_id), dict(rec.approval or {})
+    if got is not None and got.status in ("approved", "denied"):
+        approval = {**base, "status": got.status, "by": got.by, "via": got.via, "at": now}
+        why = f"{got.status} by {got.by} via {got.via}" + (f": {got.reason}" * bool(got.reason))
+        actor = got.by or "?"
+        if got.status == "approved":
+            update = _to(StepState.APPROVED, approval=approval)
+            return _t(step, Move.APPROVED, rec, now, why, update, actor=actor)
+        update = _to(StepState.DENIED, "failed", approval=approval)
+        return _t(step, Move.DENIED, rec, now, f"{why}; nothing applied", update, actor=actor)
+    resolved = cond.health.stage == "resolved"
+    expired = (got is not None and got.status == "expired") or now >= (rec.expires_at or now)
+    if not (resolved or expired):
+        return None
+    approval = {**base, "status": "expired", "at": now}
+    if resolved:
+        update = _to(StepState.NOT_NEEDED, "not_needed", approval=approval)
+        why = "approval withdrawn: the incident is resolved; nothing applied"
+    else:
+        update = _to(StepState.EXPIRED, "failed", approval=approval)
+        why = f"no decision by {hms(rec.expires_at or now)}; nothing applied"
+    return _t(step, Move.EXPIRED, rec, now, why, update)
+
+
+def _rails(step: PlannedStep, cond: Conditions, move: Move) -> str | None:
+    """Return why ``move`` may not act now ("code: explanation"), or None."""
+    if cond.kill_switch:
+        return "kill_switch: the kill switch is on, nothing is changed"
+    if move in COUNTED_MOVES and cond.actions_last_hour >= cond.max_actions_per_hour:
+        return (
+            f"cap: {cond.actions_last_hour} actions on this workload in the last hour "
+            f"(cap {cond.max_actions_per_hour})"
+        )
+    last = cond.last_apply_at.get(step.step_id)
+    if move is Move.APPLY and last is not None and cond.now - last < step.cooldown_s:
+        return (
+            f"cooldown: applied to this workload at {hms(last)} by another incident; "
+            f"cooldown {step.cooldown_s:g} s, until {hms(last + step.cooldown_s)}"
+        )
+    return None
+
+
+def _blocked(step: PlannedStep, rec: StepRecord, now: float, why: str) -> Transition | None:
+    code = why.split(":", 1)[0]
+    if rec.blocked == code:
+        return None  # already on the timeline
+    key = f"blocked:{code}:{int(now)}"
+    return _t(step, Move.BLOCKED, rec, now, why, {"blocked": code}, key=key)
+
+
+def _number(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def below_floor(step: PlannedStep) -> str | None:
+    """Return which param of the step is under its floor, or None (``FLOOR_PARAMS``)."""
+    for param, floor_name in FLOOR_PARAMS.items():
+        floor = getattr(step.floors, floor_name)
+        value = _number(step.params.get(param))
+        if floor is not None and value is not None and value < floor:
+            return f"{param} {value:g} is under its floor {floor:g}"
+    return None
+
+
+def _live(step: PlannedStep, cond: Conditions) -> bool:
+    return cond.live and step.action.value in cond.actuated
+
+
+def _baseline(rec: StepRecord, cond: Conditions) -> dict[str, Any]:
+    """Keep the evidence at the first apply as the baseline of the verification."""
+    return {} if rec.baseline is not None else {"baseline": cond.health.as_record()}
+
+
+def _apply(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    now = cond.now
+    if (under := below_floor(step)) is not None:
+        update = _to(StepState.FAILED, "failed")
+        return _t(step, Move.REFUSED, rec, now, f"{under}: nothing applied", update)
+    if step.action is Action.STAGGER_RESTARTS:
+        if not _pods(step):
+            update = _to(StepState.NOT_NEEDED, "not_needed")
+            return _t(step, Move.NOT_NEEDED, rec, now, "no pod to restart", update)
+        return _next_restart(step, rec, cond)
+    if (why := _rails(step, cond, Move.APPLY)) is not None:
+        return _blocked(step, rec, now, why)
+    params, live = dict(step.params), _live(step, cond)
+    return _t(step, Move.APPLY, rec, now, plan_text(step), _baseline(rec, cond), params=params,
+              live=live)  # fmt: skip
+
+
+def _pods(step: PlannedStep) -> list[str]:
+    try:
+        pods = json.loads(step.params.get("pods") or "[]")
+    except ValueError:
+        return []
+    return [str(p) for p in pods] if isinstance(pods, list) else []
+
+
+def next_restart_at(step: PlannedStep, rec: StepRecord, health: Health) -> float:
+    """Return when the next pod may restart: never two at once (DESIGN.md section 5).
+
+    After the previous restart at t: t + spacing_s, or its Ready time + warmup_s if later,
+    when that pod was seen Ready after t; else t + spacing_s + warmup_s (an evicted pod comes
+    back under a new name, so its Ready is often not in the evidence).
+    """
+    if not rec.restarts:
+        return float("-inf")
+    at, pod = float(rec.restarts[-1]["at"]), str(rec.restarts[-1]["pod"])
+    spacing = _number(step.params.get("spacing_s")) or 0.0
+    warmup = _number(step.params.get("warmup_s")) or 0.0
+    ready = health.ready.get(pod)
+    if ready is not None and ready > at:
+        return max(at + spacing, ready + warmup)
+    return at + spacing + warmup
+
+
+def _next_restart(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    done = {str(r["pod"]) for r in rec.restarts}
+    remaining = [p for p in _pods(step) if p not in done]
+    if not remaining or cond.now < next_restart_at(step, rec, cond.health):
+        return None
+    if (why := _rails(step, cond, Move.RESTART)) is not None:
+        return _blocked(step, rec, cond.now, why)
+    pod = remaining[0]
+    why = f"pod {pod} ({len(done) + 1} of {len(_pods(step))}) evicted, one at a time"
+    return _t(step, Move.RESTART, rec, cond.now, why, _baseline(rec, cond), key=f"restart:{pod}",
+              params={**step.params, "pod": pod}, live=_live(step, cond))  # fmt: skip
+
+
+def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    now, h = cond.now, cond.health
+    base = Health.from_record(rec.baseline or {"time": rec.applied_at or now, "stage": h.stage})
+    touched = [str(r["pod"]) for r in rec.restarts] or list(base.victims)
+    wanted = [c.value for c in step.verify.checks]
+    checks = [asdict(c) for c in evaluate(wanted, base, h, pods=touched)]
+    new = spread(base, h) if "ooms_stop" in wanted else []
+    if h.stage in CALM_STAGES:
+        passed, why = True, f"the incident is {h.stage}: no new GPU OOM, 5xx under threshold"
+    elif new:
+        passed, why = False, f"the cascade spread to {', '.join(new)} after the apply"
+    elif now >= (rec.deadline_at or now):
+        passed = all(c["ok"] for c in checks)
+        why = "; ".join(str(c["detail"]) for c in checks) + f" (deadline {hms(now)})"
+    else:
+        return None
+    verification = {"result": "passed" if passed else "failed", "at": now, "checks": checks}
+    if passed:
+        update = _to(StepState.VERIFIED, "passed", verification=verification)
+        return _t(step, Move.VERIFIED, rec, now, why, update)
+    if step.on_failure is OnFailure.ROLLBACK and rec.in_place:
+        if (block := _rails(step, cond, Move.ROLLBACK)) is not None:
+            return _blocked(step, rec, now, block)
+        live, update = rec.mode == "live", {"verification": verification}
+        return _t(step, Move.ROLLBACK, rec, now, f"verification failed: {why}", update, live=live)
+    update = _to(StepState.ESCALATED, "failed", verification=verification)
+    return _t(step, Move.ESCALATE, rec, now, f"verification failed: {why}; next step", update)
+
+
+def _lift(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    lift, now = step.lift, cond.now
+    assert lift is not None
+    if rec.lift_at is not None and now < rec.lift_at + lift.interval_s:
+        return None
+    if (why := _rails(step, cond, Move.LIFT)) is not None:
+        return _blocked(step, rec, now, why)
+    applied, level, live = rec.params or dict(step.params), rec.lift_level + 1, rec.mode == "live"
+    scale, numbers = lift.factor**level, {p: _number(applied.get(p)) for p in lift.params}
+    values = {p: str(math.floor(v * scale)) for p, v in numbers.items() if v is not None}
+    until = _number(applied.get(lift.until)) if lift.until else None
+    first = _number(values.get(lift.params[0]))
+    if level > lift.max_steps or first is None or (until is not None and first >= until):
+        why = f"temporary measure removed after {level - 1} relaxation(s)"
+        return _t(step, Move.REMOVE, rec, now, why, key="remove", live=live)
+    shown = ", ".join(f"{k} {applied.get(k)} -> {v}" for k, v in values.items())
+    return _t(step, Move.LIFT, rec, now, f"relaxed x{scale:g}: {shown}", key=f"lift:{level}",
+              params={**applied, **values}, live=live)  # fmt: skip
+
+
+def settle(t: Transition, result: ActionResult, plan: dict[str, Any] | None) -> Transition:
+    """Return ``t`` completed with the actuator's ``result``; ``plan`` is the plan's record.
+
+    A failed apply, restart or rollback fails the step (the next step's turn); a failed lift
+    or removal is tried again after the lift interval.
+    """
+    rec, now = t.record, float(t.record.since or 0.0)
+    mode = "live" if t.live else "dry_run"
+    if not result.ok:
+        state = "previous state restored" if result.restored else "previous state NOT restored"
+        why = f"{t.reason}: failed, {result.reason}: {result.error} ({state})"
+        if t.move in (Move.LIFT, Move.REMOVE):
+            return replace(t, reason=why, diff=result.diff, record=replace(rec, lift_at=now))
+        failed = replace(rec, reason=why, mode=rec.mode or mode, **_to(StepState.FAILED, "failed"))
+        return replace(t, reason=why, diff=result.diff, record=failed)
+    reason = t.reason + (" (already in place)" if result.status is Status.UNCHANGED else "")
+    new = replace(rec, mode=rec.mode or mode, blocked=None, current=plan)
+    if rec.mode is None:
+        new = replace(new, applied_at=now, params=dict(t.params or {}), plan=plan)
+    last = t.move is Move.APPLY
+    if t.move is Move.RESTART:
+        pod = (t.params or {}).get("pod", "?")
+        new = replace(new, restarts=(*rec.restarts, {"pod": pod, "at": now}), in_place=True)
+        last = len(new.restarts) >= len(_pods(t.step))
+        if not last:
+            nxt = next_restart_at(t.step, new, Health(time=now, stage=""))
+            new, reason = replace(new, state=StepState.APPLYING.value), f"{reason}; next {hms(nxt)}"
+    if last:
+        deadline = now + t.step.verify.deadline_s
+        new = replace(new, state=StepState.VERIFYING.value, in_place=True, deadline_at=deadline)
+        reason = f"{reason}; verify by {hms(deadline)}"
+    elif t.move is Move.ROLLBACK:
+        new = replace(new, in_place=False, **_to(StepState.ROLLED_BACK, "failed"))
+    elif t.move is Move.LIFT:
+        new = replace(
+            new, state=StepState.LIFTING.value, lift_level=rec.lift_level + 1, lift_at=now
+        )
+    elif t.move is Move.REMOVE:
+        new = replace(new, state=StepState.LIFTED.value, in_place=False, lift_at=now)
+    return replace(t, reason=reason, diff=result.diff, record=replace(new, reason=reason))
