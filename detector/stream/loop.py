@@ -1,9 +1,11 @@
 """The live loop: consume a batch, process it in one transaction, then commit its offsets.
 
 Order per batch (at-least-once, DESIGN.md section 8): parse -> correlate -> record incidents
-and dead letters -> flush dead-letter records -> database commit -> Kafka offset commit. On an
-assignment the correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of
-each partition before its committed offset; the writes are idempotent, so nothing duplicates.
+and dead letters -> flush dead-letter records -> database commit -> Kafka offset commit. Polled
+records pass a reorder buffer first (``detector.stream.reorder``), so that partitions are taken
+in event-time order while the consumer catches up. On an assignment the correlator's state is
+rebuilt by re-reading the last ``correlate.window_s`` of each partition before its committed
+offset; the writes are idempotent, so nothing duplicates.
 """
 
 from __future__ import annotations
@@ -165,9 +167,7 @@ class StreamLoop:
         max_time = time.time() + MAX_FUTURE_S
         sent = 0
         touched: set[Partition] = set()
-        # One poll may hold several partitions' records: take them in event-time order, so
-        # the correlator's clock is not pushed ahead by one topic while another lags.
-        for record in sorted(records, key=lambda r: r.timestamp_ms):
+        for record in records:  # in event-time order, as the reorder buffer released them
             parsed = _parse(record, max_time)
             if record.key is None and parsed.signals and record.topic not in self._unkeyed:
                 self._unkeyed.add(record.topic)
