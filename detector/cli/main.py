@@ -12,6 +12,14 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
+from detector.cli.approvals import (
+    approve_cmd,
+    arm_cmd,
+    deny_cmd,
+    disarm_cmd,
+    kill_switch_cmd,
+    serve_cmd,
+)
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
 from detector.cli.gpu import gpu_sample_cmd
@@ -34,6 +42,12 @@ app.command("run")(run_cmd)
 app.command("produce")(produce_cmd)
 app.command("incidents")(incidents_cmd)
 app.command("gpu-sample")(gpu_sample_cmd)
+app.command("approve")(approve_cmd)
+app.command("deny")(deny_cmd)
+app.command("arm")(arm_cmd)
+app.command("disarm")(disarm_cmd)
+app.command("kill-switch")(kill_switch_cmd)
+app.command("serve")(serve_cmd)
 
 
 @app.command("replay")

@@ -106,8 +106,15 @@ class IncidentFlows:
         for key in touched:
             self.contain(key, session=session, contexts=contexts)
 
-    def finish(self, *, session: Session, contexts: ContextLookup) -> None:
-        """Advance containment and answer the questions of every incident touched so far."""
+    def finish(
+        self, *, session: Session, contexts: ContextLookup, now: float | None = None
+    ) -> None:
+        """Advance containment and answer the questions of every incident touched so far.
+
+        ``now`` (Unix seconds, e.g. the correlator's clock) moves the event time reached
+        forward even when no decision did: a resolved incident's lifts need time to pass.
+        """
+        self._clock = max(self._clock, now or 0.0)
         for key, incident in self.incidents.items():
             ctx = contexts(key)
             if ctx is not None:

@@ -1,0 +1,1 @@
+"""The detector's HTTP surface: the approvals endpoint (more pages later)."""

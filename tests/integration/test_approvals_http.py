@@ -1,0 +1,169 @@
+"""The approvals endpoint behind a real uvicorn on a free loopback port, over real HTTP.
+
+The store holds the bundled cascade replayed in dry-run: its third step (staggered restarts,
+policy approval) is waiting for approval, the first two were approved by policy.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import uvicorn
+
+from detector import db
+from detector.config import ContainmentSettings, DatabaseSettings, Settings, WebSettings
+from detector.incidents import service
+from detector.pipeline import replay
+from detector.web.app import create_app, token_owner
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cascade"
+ALICE = "alice-token-0123456789abcdef"
+EVE = "eve-token-0123456789abcdef00"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('http') / 'store.db'}"
+    settings = Settings(
+        database=DatabaseSettings(url=url),
+        containment=ContainmentSettings(approvers=["alice"]),
+        web=WebSettings(tokens={"alice": ALICE, "eve": EVE}),  # type: ignore[dict-item]
+    )
+    result = replay([EXAMPLES], settings)
+    key = result.incidents[0].key
+    port = _free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield {
+            "base": f"http://127.0.0.1:{port}",
+            "key": key,
+            "url": url,
+            "id": result.incidents[0].id,
+        }
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+def post(server: dict[str, Any], path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = token if " " in token else f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        server["base"] + path, data=data or b"", headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:  # closes the connection it holds
+            payload = json.loads(exc.read() or b"null")
+        if exc.code == 401:
+            assert exc.headers["WWW-Authenticate"].startswith("Bearer")
+        return exc.code, payload
+
+
+def step_path(server: dict[str, Any], step: str, verb: str = "approve") -> str:
+    return f"/api/incidents/{quote(server['key'], safe='')}/steps/{step}/{verb}"
+
+
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [
+        (None, 401),  # missing
+        ("Basic YWxpY2U6eA==", 401),  # another scheme
+        ("Bearer ", 401),  # empty
+        ("not-the-token-0123456789", 401),  # bad
+        (ALICE[:-1], 401),  # a prefix of a good one
+        (EVE, 403),  # a good token of someone not on the approver allow-list
+    ],
+)
+def test_tokens_are_checked_before_anything(
+    server: dict[str, Any], token: str | None, status: int
+) -> None:
+    code, body = post(server, step_path(server, "stagger_restarts"), token)
+    assert code == status, body
+    assert isinstance(body["detail"], str)
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/api/incidents/llm%2Fnope%401/steps/stagger_restarts/approve", 404),
+        ("/api/incidents/999999/steps/stagger_restarts/approve", 404),
+        ("STEP:reboot_the_cluster", 404),
+        ("STEP:lower_batch_ceiling", 409),  # approved by policy auto: nothing to decide
+        ("STEP:1", 409),
+    ],
+)
+def test_unknown_and_undecidable(server: dict[str, Any], path: str, status: int) -> None:
+    if path.startswith("STEP:"):
+        path = step_path(server, path.removeprefix("STEP:"))
+    code, body = post(server, path, ALICE)
+    assert code == status, body
+
+
+def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) -> None:
+    raw_key_path = f"/api/incidents/{server['key']}/steps/3/approve"  # "/" in the key, unencoded
+    code, body = post(server, raw_key_path, ALICE, {"reason": "crash-looping, go"})
+    assert code == 200, body
+    assert (body["step"], body["status"], body["by"], body["via"]) == (
+        "stagger_restarts",
+        "approved",
+        "alice",
+        "http",
+    )
+    assert post(server, step_path(server, "stagger_restarts"), ALICE)[0] == 409
+    assert post(server, step_path(server, "stagger_restarts", "deny"), ALICE)[0] == 409
+    engine = db.make_engine(server["url"])
+    try:
+        with db.session_factory(engine)() as session:
+            incident = service.get_incident_by_key(session=session, key=server["key"])
+            assert incident is not None
+            entry = service.timeline(session=session, incident=incident)[-1]
+            assert entry.message == (
+                "step 3 stagger_restarts approved by alice via http: crash-looping, go"
+            )
+            assert entry.detail is not None and entry.detail["actor"] == "alice"
+    finally:
+        engine.dispose()
+
+
+def test_unknown_routes_and_methods(server: dict[str, Any]) -> None:
+    assert post(server, f"/api/incidents/{server['id']}/steps/3/maybe", ALICE)[0] == 404
+    request = urllib.request.Request(server["base"] + step_path(server, "3"), method="GET")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    info.value.close()
+    assert info.value.code == 405
+
+
+def test_token_owner_compares_every_token() -> None:
+    tokens = {"a": "x" * 20, "b": "y" * 20}
+    assert token_owner(tokens, "y" * 20) == "b"
+    assert token_owner(tokens, "z" * 20) is None
+    assert token_owner({}, "x") is None
