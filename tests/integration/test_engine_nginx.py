@@ -1,0 +1,138 @@
+"""The step engine drives the real nginx rate limit: applied when armed, relaxed, then removed.
+
+nginx is started by the fixture of test_nginx_actuator.py (Debian package ``nginx``) on free
+loopback ports; the store is a SQLite file. The incident is small: two of four pods died, 5 ok
+responses per second before, so the planner asks for 2 r/s.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from sqlalchemy import select
+from test_nginx_actuator import (  # the nginx fixture and helpers of the actuator's own tests
+    BURST_N,
+    RunningNginx,
+    assert_limited,
+    burst,
+    nginx,
+    planned_rate_limit,
+)
+
+from detector import db
+from detector.actuators.nginx import NginxRateLimiter
+from detector.actuators.nginx_config import rate_limit_from_step
+from detector.events.model import Signal, SignalKind, SourcePos
+from detector.incidents import service
+from detector.incidents.containment import ActuatorBinding, Containment, advance
+from detector.incidents.context import IncidentContext
+from detector.incidents.models import RunbookRun
+from detector.runbooks import approvals
+from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.planner import plan
+
+__all__ = ["nginx"]  # a fixture, used by name
+T0 = 1_714_564_800.0
+RUNBOOK = load_runbook(default_runbook_path())
+RATE_ONLY = RUNBOOK.model_copy(update={"steps": (RUNBOOK.step("enable_rate_limit"),)})
+
+
+def context(stage: str, at: float) -> IncidentContext:
+    def sig(kind: SignalKind, dt: float, pod: str | None = None, **attrs: object) -> Signal:
+        source = SourcePos("recorded/ml.log", int(dt) + 1000)
+        return Signal(kind=kind, time=T0 + dt, source=source, namespace="ml", pod=pod, attrs=attrs)
+
+    signals = (
+        *(sig(SignalKind.LB_RESPONSE, -29 + i * 0.5, status=200, count=3) for i in range(100)),
+        sig(SignalKind.GPU_OOM, 0, "llm-a"),
+        sig(SignalKind.GPU_OOM, 30, "llm-b"),
+        sig(SignalKind.LB_RESPONSE, at, status=200, error_rate_per_s=0.0),
+    )
+    return IncidentContext(
+        key="prod/ml/llm@1",
+        namespace="ml",
+        workload="llm",
+        workload_kind="Deployment",
+        stage=stage,
+        opened_at=T0,
+        victims=("llm-a", "llm-b"),
+        pods_seen=("llm-a", "llm-b", "llm-c", "llm-d"),
+        signals=tuple(sorted(signals, key=lambda s: s.time)),
+    )
+
+
+def test_armed_rate_limit_is_applied_relaxed_and_removed(
+    nginx: RunningNginx, tmp_path: Path
+) -> None:
+    limiter = NginxRateLimiter(nginx.gateway)
+    binding = ActuatorBinding(limiter, lambda step: limiter.plan(rate_limit_from_step(step)))
+    live = Containment(dry_run=False, actuators={"enable_rate_limit": binding})
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        with db.session_factory(engine)() as session:
+            incident = service.get_or_create_incident(
+                session=session,
+                key="prod/ml/llm@1",
+                namespace="ml",
+                workload="llm",
+                workload_kind="Deployment",
+                cluster="prod",
+                stage="cascading",
+                opened_at=T0,
+            )
+            run = service.get_or_create_run(
+                session=session, incident=incident, runbook=RATE_ONLY.name, version="1", mode="live"
+            )
+            (step,) = plan(RATE_ONLY, context("cascading", 30), dry_run=False)
+            service.upsert_step(
+                session=session,
+                run=run,
+                position=1,
+                action=step.action,
+                title=step.title,
+                status=step.status,
+                params=dict(step.params),
+                approval=step.approval,
+            )
+            approvals.set_control(
+                session=session, scope="ml/llm", name="armed", enabled=True, by="test"
+            )
+
+            def tick(stage: str, dt: float) -> list[str]:
+                run_ = session.scalars(select(RunbookRun)).one()
+                session.refresh(run_)
+                before = len(service.timeline(session=session, incident=incident))
+                advance(
+                    session=session,
+                    incident=incident,
+                    run=run_,
+                    runbook=RATE_ONLY,
+                    ctx=context(stage, dt),
+                    now=T0 + dt,
+                    containment=live,
+                )
+                session.commit()
+                entries = service.timeline(session=session, incident=incident)[before:]
+                return [str((e.detail or {}).get("event")) for e in entries]
+
+            assert tick("cascading", 31) == ["auto_approved", "applied"]
+            applied = service.timeline(session=session, incident=incident)[-1]
+            assert applied.detail is not None and applied.detail["mode"] == "live"
+            assert "rate=2r/s" in applied.detail["diff"]
+            counts, elapsed = burst(nginx.port)
+            assert_limited(counts, elapsed, planned_rate_limit())
+
+            assert tick("contained", 100) == ["verified"]
+            assert tick("resolved", 500) == ["lifted"]  # 2 -> 4 r/s, through nginx -t and reload
+            assert "rate=4r/s" in nginx.gateway.http_include.read_text()
+            assert tick("resolved", 560) == []  # not before the lift interval
+            assert tick("resolved", 620) == ["removed"]  # 8 r/s reaches the rate seen before
+            assert nginx.gateway.http_include.read_text() == ""
+            assert nginx.gateway.location_include.read_text() == ""
+            assert burst(nginx.port)[0] == Counter({200: BURST_N})
+            assert tick("resolved", 2000) == []  # nothing left to do
+    finally:
+        engine.dispose()
