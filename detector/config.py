@@ -71,6 +71,23 @@ class KafkaSettings(BaseModel):
     )
 
 
+class NginxGatewaySettings(BaseModel):
+    """A plain nginx in front of the model (``DETECTOR_CONTAINMENT__NGINX__CONF_PATH`` ...).
+
+    When set, the ``enable_rate_limit`` step drives it (detector.actuators.nginx): the two
+    include files are written, checked with ``nginx -t`` and reloaded.
+    """
+
+    conf_path: Path
+    http_include: Path
+    location_include: Path
+    prefix: Path | None = None
+    pid_file: Path | None = None
+    error_log: Path | None = None
+    nginx_bin: str = "nginx"
+    burst: int = Field(0, ge=0, description="requests over the rate let through at once")
+
+
 class ContainmentSettings(BaseModel):
     """Who may approve steps, which workloads may be acted on, and the global kill switch.
 
@@ -86,6 +103,9 @@ class ContainmentSettings(BaseModel):
     )
     kill_switch: bool = Field(False, description="hold every actuator call")
     approvers: list[str] = Field(default_factory=list, description="approver allow-list")
+    nginx: NginxGatewaySettings | None = Field(
+        None, description="the plain nginx the enable_rate_limit step drives (None: dry-run)"
+    )
 
     @field_validator("armed_workloads")
     @classmethod

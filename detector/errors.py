@@ -7,7 +7,8 @@ DetectorError
 ├── StreamError          the Kafka broker or client failed (consume, commit, produce)
 ├── RunbookError         a runbook definition or its rendering is invalid
 ├── GpuError             NVML failed (detector.gpu.nvml; carries NVML's error name)
-└── ActuatorError        an actuator could not plan or apply a change (detector.actuators.base)
+├── ActuatorError        an actuator could not plan or apply a change (detector.actuators.base)
+└── ApprovalError        an approval or decision was refused (detector.runbooks.approvals)
 """
 
 

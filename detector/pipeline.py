@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from detector import db
+from detector.actuators.registry import step_actuators
 from detector.config import Settings, load_workload_map
 from detector.correlate.engine import Correlator
 from detector.errors import ParseError
@@ -170,7 +171,8 @@ class Processor:
         correlator = Correlator(
             settings.correlate, load_workload_map(settings.workloads_file), settings.cluster
         )
-        flows = IncidentFlows(load_runbook(settings.runbook_path), dry_run=settings.dry_run)
+        runbook = load_runbook(settings.runbook_path)
+        flows = IncidentFlows.from_settings(runbook, settings, step_actuators(settings))
         return cls(correlator, flows)
 
     def process(self, parsed: Parsed, session: Session) -> DeadLetter | None:
@@ -193,7 +195,9 @@ class Processor:
 
     def finish(self, session: Session) -> None:
         """Answer the questions of the incidents touched so far; raises StoreError."""
-        self.flows.finish(session=session, contexts=self.correlator.context)
+        self.flows.finish(
+            session=session, contexts=self.correlator.context, now=self.correlator.now
+        )
         self.counts.unattributed = self.correlator.unattributed
 
     def result(self) -> ReplayResult:
