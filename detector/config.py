@@ -7,9 +7,17 @@ Environment variables use the prefix ``DETECTOR_`` and ``__`` for nesting, e.g.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from detector.errors import ConfigError
@@ -88,6 +96,184 @@ class NginxGatewaySettings(BaseModel):
     burst: int = Field(0, ge=0, description="requests over the rate let through at once")
 
 
+def _check_workload_keys(value: dict[str, object]) -> None:
+    """Raise ValueError unless every key is ``namespace/workload``."""
+    bad = [k for k in value if k.count("/") != 1 or k.startswith("/") or k.endswith("/")]
+    if bad:
+        raise ValueError(f"keys must be namespace/workload: {bad}")
+
+
+class KubernetesSettings(BaseModel):
+    """The cluster the workloads run in (``DETECTOR_CONTAINMENT__KUBERNETES__KUBECONFIG`` ...).
+
+    ``kubeconfig`` None: the in-cluster service account. Drives ``lower_batch_ceiling``
+    (Deployment args or env, by engine), ``stagger_restarts`` (one pod per move, eviction or
+    delete) and ``enable_rate_limit`` through ingress-nginx annotations or an Envoy Gateway
+    BackendTrafficPolicy. The mappings are keyed by ``namespace/workload``; without an entry
+    the Ingress and HTTPRoute are named like the workload and the Deployment's only container
+    is the serving one.
+    """
+
+    kubeconfig: Path | None = Field(None, description="kubeconfig file (None: in-cluster)")
+    context: str | None = Field(None, description="kubeconfig context (None: current)")
+    request_timeout_s: float = Field(10.0, gt=0, description="timeout of each API call")
+    field_manager: str = Field(
+        "gpu-oom-cascade-detector", min_length=1, max_length=128, description="managedFields"
+    )
+    controller_configmap_namespace: str = "ingress-nginx"
+    controller_configmap_name: str = "ingress-nginx-controller"
+    restart_method: Literal["eviction", "delete"] = Field(
+        "eviction", description="eviction respects PodDisruptionBudgets; delete does not"
+    )
+    grace_period_s: int | None = Field(None, ge=0, description="pod termination grace period")
+    rollout: Literal["surge", "unavailable"] = Field(
+        "surge", description="one extra pod first (surge) or one pod down first"
+    )
+    containers: dict[str, str] = Field(
+        default_factory=dict, description="namespace/workload -> serving container name"
+    )
+    ingresses: dict[str, list[str]] = Field(
+        default_factory=dict, description="namespace/workload -> Ingress names"
+    )
+    http_routes: dict[str, str] = Field(
+        default_factory=dict, description="namespace/workload -> HTTPRoute (Envoy Gateway)"
+    )
+
+    @field_validator("containers", "ingresses", "http_routes")
+    @classmethod
+    def _keyed(cls, value: dict[str, object]) -> dict[str, object]:
+        _check_workload_keys(value)
+        return value
+
+    @model_validator(mode="after")
+    def _context_needs_file(self) -> KubernetesSettings:
+        if self.context is not None and self.kubeconfig is None:
+            raise ValueError("kubernetes context needs a kubeconfig (in-cluster has none)")
+        return self
+
+
+class HttpAdminSettings(BaseModel):
+    """How to call an HTTP admin API: timeout per attempt and retries of idempotent calls."""
+
+    timeout_s: float = Field(5.0, gt=0, description="per attempt")
+    retries: int = Field(2, ge=0, description="extra attempts of idempotent calls")
+
+
+class KongSettings(HttpAdminSettings):
+    """Kong's Admin API (``DETECTOR_CONTAINMENT__KONG__ADMIN_URL`` ...).
+
+    One Admin API per Kong cluster: nodes sharing a database take the plugin from it. The
+    ``rate-limiting`` plugin goes on the workload's entry of ``scopes_by_workload``, else on
+    ``scopes`` (``services/NAME`` or ``routes/NAME``); with ``policy: local`` each of
+    ``nodes`` counts alone, so the step's rate is divided among them.
+    """
+
+    admin_url: str
+    admin_token: SecretStr | None = Field(None, description="sent as Kong-Admin-Token")
+    scopes: list[str] = Field(default_factory=list)
+    scopes_by_workload: dict[str, list[str]] = Field(default_factory=dict)
+    nodes: int = Field(1, ge=1)
+    policy: Literal["local", "cluster", "redis"] = "local"
+
+    @field_validator("scopes_by_workload")
+    @classmethod
+    def _keyed(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        _check_workload_keys(dict(value))
+        return value
+
+    @model_validator(mode="after")
+    def _scoped(self) -> KongSettings:
+        every = [*self.scopes, *(s for v in self.scopes_by_workload.values() for s in v)]
+        bad = [s for s in every if s.partition("/")[0] not in ("services", "routes")]
+        bad += [s for s in every if not s.partition("/")[2]]
+        if bad or not every:
+            raise ValueError(f"kong scopes are services/NAME or routes/NAME, one at least: {bad}")
+        return self
+
+
+class EnvoySettings(HttpAdminSettings):
+    """Envoy admin endpoints with a pre-configured local rate limit, switched by runtime keys.
+
+    Every listed Envoy (one per replica) gets both keys at 100%; the token bucket comes with
+    the filter config, not from the step.
+    """
+
+    admin_urls: list[str] = Field(min_length=1)
+    enabled_key: str = "local_rate_limit_enabled"
+    enforced_key: str = "local_rate_limit_enforced"
+    admin_layer: str = "admin"
+
+
+class TritonSettings(HttpAdminSettings):
+    """Triton servers (explicit model control) whose model is reloaded with a lower batch.
+
+    ``urls``: every replica; the model is ``models[namespace/workload]``, else ``model``;
+    ``max_queue_size`` bounds the dynamic batcher's queue (None: left as it is).
+    """
+
+    urls: list[str] = Field(min_length=1)
+    model: str | None = None
+    models: dict[str, str] = Field(default_factory=dict)
+    max_queue_size: int | None = Field(None, ge=0)
+    load_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("models")
+    @classmethod
+    def _keyed(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_workload_keys(dict(value))
+        return value
+
+    @model_validator(mode="after")
+    def _named(self) -> TritonSettings:
+        if self.model is None and not self.models:
+            raise ValueError("triton needs model or models")
+        return self
+
+
+class RayServeSettings(HttpAdminSettings):
+    """The Ray dashboard (Serve REST API) whose deployment's max_ongoing_requests is lowered.
+
+    The deployment is ``deployments[namespace/workload]`` (``APP/DEPLOYMENT``), else ``app``
+    and ``deployment``.
+    """
+
+    url: str
+    app: str | None = None
+    deployment: str | None = None
+    deployments: dict[str, str] = Field(default_factory=dict)
+    deploy_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("deployments")
+    @classmethod
+    def _keyed(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_workload_keys(dict(value))
+        bad = [v for v in value.values() if v.count("/") != 1 or v.startswith("/")]
+        bad += [v for v in value.values() if v.endswith("/")]
+        if bad:
+            raise ValueError(f"deployments values must be APP/DEPLOYMENT: {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _named(self) -> RayServeSettings:
+        if (self.app is None) != (self.deployment is None):
+            raise ValueError("rayserve needs app and deployment together")
+        if self.app is None and not self.deployments:
+            raise ValueError("rayserve needs app and deployment, or deployments")
+        return self
+
+
+RateLimitGateway = Literal["nginx", "ingress-nginx", "envoy-gateway", "kong", "envoy"]
+BatchCeilingTarget = Literal["kubernetes", "triton", "rayserve"]
+GATEWAY_SECTION: dict[str, str] = {
+    "nginx": "nginx",
+    "ingress-nginx": "kubernetes",
+    "envoy-gateway": "kubernetes",
+    "kong": "kong",
+    "envoy": "envoy",
+}
+"""The containment setting each rate-limit gateway needs."""
+
+
 class ContainmentSettings(BaseModel):
     """Who may approve steps, which workloads may be acted on, and the global kill switch.
 
@@ -106,6 +292,17 @@ class ContainmentSettings(BaseModel):
     nginx: NginxGatewaySettings | None = Field(
         None, description="the plain nginx the enable_rate_limit step drives (None: dry-run)"
     )
+    kubernetes: KubernetesSettings | None = None
+    kong: KongSettings | None = None
+    envoy: EnvoySettings | None = None
+    triton: TritonSettings | None = None
+    rayserve: RayServeSettings | None = None
+    rate_limit_gateway: RateLimitGateway | None = Field(
+        None, description="what enable_rate_limit drives (None: the one configured)"
+    )
+    batch_ceiling_target: BatchCeilingTarget | None = Field(
+        None, description="what lower_batch_ceiling drives (None: the one configured)"
+    )
 
     @field_validator("armed_workloads")
     @classmethod
@@ -114,6 +311,64 @@ class ContainmentSettings(BaseModel):
         if bad:
             raise ValueError(f"armed_workloads entries must be namespace/workload: {bad}")
         return value
+
+    @model_validator(mode="after")
+    def _targets(self) -> ContainmentSettings:
+        self.rate_limit_driver()
+        self.batch_ceiling_driver()
+        return self
+
+    def rate_limit_driver(self) -> RateLimitGateway | None:
+        """Return the gateway ``enable_rate_limit`` drives, None when none is configured.
+
+        Unset: the one of nginx, kong, envoy that is configured, else ingress-nginx when
+        kubernetes is. Raises ValueError when the named gateway is not configured, or when
+        several are and none is named.
+        """
+        wanted = self.rate_limit_gateway
+        if wanted is not None:
+            section = GATEWAY_SECTION[wanted]
+            if getattr(self, section) is None:
+                raise ValueError(
+                    f"rate_limit_gateway {wanted!r} is not configured (set containment.{section})"
+                )
+            return wanted
+        explicit: list[RateLimitGateway] = [
+            g for g in ("nginx", "kong", "envoy") if getattr(self, g) is not None
+        ]
+        if len(explicit) > 1:
+            raise ValueError(
+                f"gateways {explicit} are configured: name the one enable_rate_limit drives "
+                "in rate_limit_gateway"
+            )
+        if explicit:
+            return explicit[0]
+        return "ingress-nginx" if self.kubernetes is not None else None
+
+    def batch_ceiling_driver(self) -> BatchCeilingTarget | None:
+        """Return what ``lower_batch_ceiling`` drives, None when nothing is configured.
+
+        Unset: triton or rayserve when one of them is configured, else kubernetes. Raises
+        ValueError when the named target is not configured, or both triton and rayserve are.
+        """
+        wanted = self.batch_ceiling_target
+        if wanted is not None:
+            if getattr(self, wanted) is None:
+                raise ValueError(
+                    f"batch_ceiling_target {wanted!r} is not configured (set containment.{wanted})"
+                )
+            return wanted
+        engines: list[BatchCeilingTarget] = [
+            t for t in ("triton", "rayserve") if getattr(self, t) is not None
+        ]
+        if len(engines) > 1:
+            raise ValueError(
+                "triton and rayserve are both configured: name the one lower_batch_ceiling "
+                "drives in batch_ceiling_target"
+            )
+        if engines:
+            return engines[0]
+        return "kubernetes" if self.kubernetes is not None else None
 
 
 MIN_TOKEN_CHARS = 16  # shorter API tokens are refused: they can be guessed

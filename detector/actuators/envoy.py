@@ -51,6 +51,7 @@ from detector.actuators.http import (
     render_json,
 )
 from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
 
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 NO_ADMIN_LAYER = "No admin layer specified"
@@ -222,3 +223,14 @@ class EnvoyLocalRateLimiter(HttpActuator):
                     "no_admin_layer", exc.detail, status=exc.status, message=exc.message
                 ) from exc
             raise
+
+
+def envoy_limit_from_step(step: PlannedStep) -> EnvoyRateLimit:
+    """Return the switch of a planned ``enable_rate_limit`` step: enabled and enforced 100%.
+
+    The step's ``limit_rps`` is not applied: the token bucket comes with the filter config.
+    Raises ActuatorError(``invalid_request``) for another action.
+    """
+    if step.action is not Action.ENABLE_RATE_LIMIT:
+        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit")
+    return EnvoyRateLimit()

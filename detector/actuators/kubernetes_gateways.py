@@ -49,6 +49,8 @@ from detector.actuators.kubernetes_patch import (
     render_fields,
 )
 from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
+from detector.runbooks.sizing import coerce_int
 
 PREFIX = "nginx.ingress.kubernetes.io/"
 LIMIT_RPS = PREFIX + "limit-rps"
@@ -316,3 +318,40 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
                         f"{self.policy.label}: {condition.get('reason')}: "
                         f"{condition.get('message')}",
                     )
+
+
+def _step_int(step: PlannedStep, name: str) -> int | None:
+    """Return the step's integer param ``name``; ActuatorError when set but not an int >= 1."""
+    raw = step.params.get(name)
+    value = coerce_int(raw)
+    if raw is not None and (value is None or value < 1):
+        raise ActuatorError(
+            "invalid_request", f"step {step.step_id!r}: {name} {raw!r} is not an int >= 1"
+        )
+    return value
+
+
+def ingress_limit_from_step(step: PlannedStep) -> IngressRateLimit:
+    """Return the ingress-nginx limits of a planned ``enable_rate_limit`` step.
+
+    ``limit_rps`` and ``limit_connections`` as the planner computed them (healthy capacity
+    left, floors applied); the Ingress is the step's ``namespace``/``ingress``. Raises
+    ActuatorError(``invalid_request``) for another action or a bad value.
+    """
+    if step.action is not Action.ENABLE_RATE_LIMIT:
+        raise ActuatorError(
+            "invalid_request", f"step {step.step_id!r} is {step.action.value}, not a rate limit"
+        )
+    rps, connections = _step_int(step, "limit_rps"), _step_int(step, "limit_connections")
+    return IngressRateLimit(rps=rps, connections=connections)
+
+
+def policy_requests_from_step(step: PlannedStep) -> int:
+    """Return the requests per second of an Envoy Gateway policy: the step's ``limit_rps``.
+
+    Raises ActuatorError(``invalid_request``) for another action or a missing rate.
+    """
+    rps = ingress_limit_from_step(step).rps
+    if rps is None:
+        raise ActuatorError("invalid_request", f"step {step.step_id!r} has no limit_rps")
+    return rps

@@ -26,6 +26,7 @@ https://kubernetes.io/docs/concepts/scheduling-eviction/api-eviction/ .
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,8 +58,10 @@ from detector.actuators.kubernetes_patch import (
     one_pod_strategy,
 )
 from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
 
 _TEMPLATE_ANNOTATIONS = "spec.template.metadata.annotations"
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,3 +363,38 @@ class PodEvictor(KubernetesActuator):
             "deleteOptions": options,
         }
         return ApiRequest(Verb.EVICT, ref, eviction)
+
+
+def ceilings_from_step(step: PlannedStep) -> tuple[str, dict[str, str]]:
+    """Return (engine, ceilings by engine name) of a planned ``lower_batch_ceiling`` step.
+
+    The ceilings are the step's rendered ``settings`` param (``--max-num-seqs=13
+    --max-model-len=32768`` for vLLM and SGLang, ``MAX_CONCURRENT_REQUESTS=8 ...`` for TGI),
+    each flag or env variable mapped to its ``ENGINE_PARAMS`` name, e.g.
+    ``("vllm", {"max_num_seqs": "13", "max_model_len": "32768"})``; the step's computed
+    ``new_ceiling`` fills ``ceiling_param`` when ``settings`` lacks it. Raises
+    ActuatorError(``invalid_request``): another action, an unknown engine (the runbook then
+    says "set by hand"), a setting that is not a number or not the engine's, no ceiling.
+    """
+    if step.action is not Action.LOWER_BATCH_CEILING:
+        raise ActuatorError(
+            "invalid_request", f"step {step.step_id!r} is {step.action.value}, not a ceiling"
+        )
+    engine = step.params.get("engine", "")
+    params = engine_params(engine)
+    names = {p.flag: n for n, p in params.items() if p.flag}
+    names |= {p.env: n for n, p in params.items() if p.env}
+    ceilings: dict[str, str] = {}
+    for word in step.params.get("settings", "").split():
+        key, sep, value = word.partition("=")
+        if not sep or key not in names or not _NUMBER.fullmatch(value):
+            raise ActuatorError(
+                "invalid_request", f"step {step.step_id!r}: {word!r} is not a {engine} ceiling"
+            )
+        ceilings[names[key]] = value
+    param, new = step.params.get("ceiling_param", ""), step.params.get("new_ceiling", "")
+    if param in params and param not in ceilings and _NUMBER.fullmatch(new):
+        ceilings[param] = new
+    if not ceilings:
+        raise ActuatorError("invalid_request", f"step {step.step_id!r} sets no ceiling")
+    return engine, ceilings

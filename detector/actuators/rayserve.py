@@ -41,6 +41,8 @@ from detector.actuators.http import (
     render_json,
 )
 from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
+from detector.runbooks.sizing import coerce_int
 
 PATH = "/api/serve/applications/"
 TOP_LEVEL = ("proxy_location", "http_options", "grpc_options", "target_capacity")
@@ -219,3 +221,16 @@ class RayServeOngoingRequests(HttpActuator):
                 f"{self.app}/{self.deployment} runs with {FIELD}={live.get(FIELD)}, "
                 f"configured {wanted}",
             )
+
+
+def ongoing_requests_from_step(step: PlannedStep) -> int:
+    """Return ``max_ongoing_requests`` of a planned ``lower_batch_ceiling`` step.
+
+    The step's computed ``new_ceiling`` (>= 1). Raises ActuatorError(``invalid_request``).
+    """
+    if step.action is not Action.LOWER_BATCH_CEILING:
+        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not a ceiling")
+    value = coerce_int(step.params.get("new_ceiling"))
+    if value is None or value < 1:
+        raise _invalid(f"step {step.step_id!r} has no integer new_ceiling >= 1")
+    return value

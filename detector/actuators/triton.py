@@ -42,6 +42,8 @@ from detector.actuators.http import (
     render_json,
 )
 from detector.runbooks.definition import Action
+from detector.runbooks.planner import PlannedStep
+from detector.runbooks.sizing import coerce_int
 
 BATCHING_FIELDS = ("max_queue_delay_microseconds", "preferred_batch_size", "default_queue_policy")
 NOT_EXPLICIT = "explicit model load / unload is not allowed"
@@ -281,3 +283,18 @@ class TritonBatchCeiling(HttpActuator):
         for http in self.servers.values():
             path = f"/v2/models/{self._path}/ready"
             http.call("GET", path, what=f"readiness of model {self.model}", idempotent=True)
+
+
+def batching_from_step(step: PlannedStep, *, max_queue_size: int | None = None) -> TritonBatching:
+    """Return the Triton ceilings of a planned ``lower_batch_ceiling`` step.
+
+    ``max_batch_size`` is the step's computed ``new_ceiling``; ``max_queue_size`` (when given)
+    bounds the queue with ``REJECT`` on timeout. Raises ActuatorError(``invalid_request``).
+    """
+    if step.action is not Action.LOWER_BATCH_CEILING:
+        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not a ceiling")
+    size = coerce_int(step.params.get("new_ceiling"))
+    if size is None:
+        raise _invalid(f"step {step.step_id!r} has no integer new_ceiling")
+    policy = None if max_queue_size is None else QueuePolicy(max_queue_size=max_queue_size)
+    return TritonBatching(size, default_queue_policy=policy)
