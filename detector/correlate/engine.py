@@ -18,6 +18,7 @@ from detector.events.model import Signal, SignalKind
 from detector.incidents.context import IncidentContext
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
+_LB = SignalKind.LB_RESPONSE
 
 
 class Correlator:
@@ -51,14 +52,15 @@ class Correlator:
         ws = self.workloads.get(ref)
         if ws is None:
             ws = self.workloads[ref] = WorkloadState(ref, RateWindow(self.cfg.rate_window_s))
-        if signal.pod and (
-            signal.kind is not SignalKind.LB_RESPONSE or signal.attrs.get("sidecar")
-        ):
-            ws.pods.setdefault(signal.pod)
-        out = _HANDLERS[signal.kind](self, ws, signal)
-        if signal.time > self.now:
-            self.now = signal.time
-            out += self.advance(self.now)
+        time, kind, pod = signal.time, signal.kind, signal.pod
+        if pod and (kind is not _LB or signal.attrs.get("sidecar")):
+            ws.pods.setdefault(pod)
+        # the hottest kind without the handler table's lookup, once per load-balancer line
+        out = self._lb_response(ws, signal) if kind is _LB else _HANDLERS[kind](self, ws, signal)
+        if time > self.now:
+            self.now = time
+            if self._open:
+                out += self.advance(time)
         if ws.incident is not None:
             self._open[ws.incident.key] = ws
         return out
@@ -210,26 +212,27 @@ class Correlator:
         )
 
     def _lb_response(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        status = sig.attrs.get("status")
+        attrs = sig.attrs
+        status = attrs.get("status")
         if not isinstance(status, int):
             return []
-        count = _response_count(ws, sig)
+        if attrs.get("counter_total") is None:  # an access line (_response_count, inline)
+            count = int(attrs.get("count") or 1)
+        else:
+            count = _response_count(ws, sig)
         if count <= 0:
             return []
-        ws.lb.add(sig.time, status, count)
-        ws.last_lb = sig
         lb, cfg = ws.lb, self.cfg
-        above = lb.error_rate_per_s >= cfg.error_rate_per_s and lb.error_ratio >= cfg.error_ratio
+        lb.add(sig.time, status, count)
+        ws.last_lb = sig
+        above = lb.exceeds(cfg.error_rate_per_s, cfg.error_ratio)
         if ws.errors_above_since is None:
             if not above:
                 ws.baseline_ok_rate = lb.ok_rate_per_s
                 return []
             return self._surge_started(ws, sig)
         # hysteresis: the surge ends when the 5xx rate or share falls under half its threshold
-        over_half = (
-            lb.error_rate_per_s >= cfg.error_rate_per_s / 2
-            and lb.error_ratio >= cfg.error_ratio / 2
-        )
+        over_half = lb.exceeds(cfg.error_rate_per_s / 2, cfg.error_ratio / 2)
         if not over_half and status not in ERROR_STATUSES:
             ws.errors_above_since = ws.errors_above_source = None
             ws.surge_handled = False

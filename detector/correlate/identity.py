@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from detector.config import WorkloadMap
 from detector.events.model import Signal, SignalKind
@@ -24,6 +25,7 @@ _STATEFULSET_POD = re.compile(r"^(?P<name>.+)-\d+$")
 _RS_NAME = re.compile(r"^(?P<name>.+)-[bcdfghjklmnpqrstvwxz2456789]{5,10}$")
 _SERVICE_PORT = re.compile(r"^(?P<svc>[a-z0-9-]+)-(?:\d+|[a-z][a-z0-9]*)$")
 _UPSTREAM = re.compile(r"^(?P<ns>[a-z0-9-]+?)-(?P<svc>[a-z0-9-]+)-(?P<port>\d+|[a-z]+)$")
+_UNSEEN: Any = object()  # an upstream not looked up yet (None is a cached "no workload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class WorkloadResolver:
         self._pods: dict[tuple[str, str], WorkloadRef] = {}
         self._upstreams: dict[str, WorkloadRef | None] = {}
         self._namespaces: set[str] = set()
+        self._refs: dict[WorkloadRef, WorkloadRef] = {}  # one object per workload
 
     def resolve(self, signal: Signal) -> WorkloadRef | None:
         """Return the signal's workload, or None when it names none."""
@@ -66,22 +69,31 @@ class WorkloadResolver:
                 self._namespaces.add(signal.namespace)
                 self._upstreams.clear()  # a newly seen namespace can change a split
             kind, name = workload_of_pod(signal.pod, signal.labels, signal.owner)
-            ref = WorkloadRef(signal.namespace, name, kind, signal.cluster or self._cluster)
+            ref = self._intern(
+                WorkloadRef(signal.namespace, name, kind, signal.cluster or self._cluster)
+            )
             self._pods[key] = ref
         return ref
 
     def for_upstream(self, upstream: str) -> WorkloadRef | None:
         """Map an upstream name to its workload: the YAML mapping first, then the convention."""
-        if upstream in self._upstreams:
-            return self._upstreams[upstream]
-        ref: WorkloadRef | None = None
+        ref = self._upstreams.get(upstream, _UNSEEN)
+        if ref is not _UNSEEN:
+            return ref
+        ref = None
         mapped = self._mapping.upstreams.get(upstream)
         if mapped is not None:
             ref = WorkloadRef(mapped.namespace, mapped.workload, "Deployment", self._cluster)
         elif upstream != "upstream-default-backend":
             ref = self._by_convention(upstream)
+        if ref is not None:
+            ref = self._intern(ref)
         self._upstreams[upstream] = ref
         return ref
+
+    def _intern(self, ref: WorkloadRef) -> WorkloadRef:
+        """Return the one object of an equal workload: dict lookups then match by identity."""
+        return self._refs.setdefault(ref, ref)
 
     def _by_convention(self, upstream: str) -> WorkloadRef | None:
         """Split ``<namespace>-<service>-<port>``, preferring the longest namespace seen."""

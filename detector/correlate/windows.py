@@ -26,7 +26,11 @@ class RateWindow:
         second = int(time)
         err = count if status in ERROR_STATUSES else 0
         thr = count if status == 429 else 0
-        bucket = self._find_or_insert(second)
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:  # the common case: the current second
+            bucket: list[int] | None = buckets[-1]
+        else:
+            bucket = self._find_or_insert(second)
         if bucket is None:
             return
         bucket[1] += count
@@ -78,6 +82,18 @@ class RateWindow:
     def ok_rate_per_s(self) -> float:
         """Return responses per second that were neither 5xx nor 429 over the window."""
         return (self.total - self.errors - self.throttled) / self.width_s
+
+    def exceeds(self, error_rate_per_s: float, error_ratio: float) -> bool:
+        """Return whether the 5xx rate (per second) and share both reach the given thresholds.
+
+        The same comparisons as ``error_rate_per_s >= ...`` and ``error_ratio >= ...``, in
+        one call (this runs per load-balancer record).
+        """
+        errors, total = self.errors, self.total
+        return (
+            errors / self.width_s >= error_rate_per_s
+            and (errors / total if total else 0.0) >= error_ratio
+        )
 
     @property
     def error_ratio(self) -> float:

@@ -86,8 +86,8 @@ def _read_file(path: Path) -> Iterator[tuple[SourcePos, bytes]]:
         for line_no, line in enumerate(f, start=1):
             if line.endswith(b"\n"):
                 line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            if line.strip():
-                yield SourcePos(origin=origin, position=line_no), line
+            if line and not line.isspace():  # blank: ASCII whitespace only, like strip()
+                yield SourcePos(origin, line_no), line
 
 
 def _is_json_document(f: Iterable[bytes]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import LogLine
-from detector.events.sources.timeparse import first_time, str_map, str_or_none
+from detector.events.sources.timeparse import first_time, str_map
 
 # @timestamp: out_kafka's timestamp_key; time: the CRI/docker parser; date: other outputs' key.
 _TIME_KEYS = ("@timestamp", "time", "date", "timestamp")
@@ -37,18 +37,24 @@ def parse_fluentbit_record(record: dict[str, Any], *, default_time: float | None
     if text.endswith("\n"):
         text = text[:-2] if text.endswith("\r\n") else text[:-1]
     time = first_time(record, _TIME_KEYS, default_time)
-    stream = str_or_none(record.get("stream"))
+    stream = record.get("stream")
+    if not (isinstance(stream, str) and stream):  # str_or_none, inline: this runs per record
+        stream = None
     k8s = record.get("kubernetes")
     if not isinstance(k8s, dict):
-        return LogLine(time=time, text=text, stream=stream)
-    return LogLine(
-        time=time,
-        text=text,
-        namespace=str_or_none(k8s.get("namespace_name")),
-        pod=str_or_none(k8s.get("pod_name")),
-        container=str_or_none(k8s.get("container_name")),
-        node=str_or_none(k8s.get("host")),
-        cluster=str_or_none(record.get("cluster")),
-        labels=str_map(k8s.get("labels")),
-        stream=stream,
+        return LogLine(time, text, stream=stream)
+    namespace, pod = k8s.get("namespace_name"), k8s.get("pod_name")
+    container, node = k8s.get("container_name"), k8s.get("host")
+    cluster = record.get("cluster")
+    return LogLine(  # time, text, namespace, pod, container, node, cluster, labels, owner, stream
+        time,
+        text,
+        namespace if isinstance(namespace, str) and namespace else None,
+        pod if isinstance(pod, str) and pod else None,
+        container if isinstance(container, str) and container else None,
+        node if isinstance(node, str) and node else None,
+        cluster if isinstance(cluster, str) and cluster else None,
+        str_map(k8s.get("labels")),
+        None,
+        stream,
     )

@@ -48,18 +48,18 @@ def access_line_attrs(text: str) -> tuple[dict[str, Any], str] | None:
     head = _HEAD.match(text)
     if head is None:
         return None
+    _, time_local, status, tail = head.groups()
     attrs: dict[str, Any] = {
-        "status": int(head.group(3)),
+        "status": int(status),
         "upstream_status": None,
         "upstream": None,
         "upstream_addr": None,
         "count": 1,
         "request_time_s": None,
     }
-    tail = head.group(4)
     if tail:
         _add_upstream_info(attrs, tail)
-    return attrs, head.group(2)
+    return attrs, time_local
 
 
 def signal_from_access_line(line: LogLine, source: SourcePos) -> Signal | None:
@@ -97,12 +97,11 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
     m = _TAIL.match(tail)
     if m is None:  # combined + "$http_x_forwarded_for", or another custom format
         return
-    if m.group(2) != "-":
-        attrs["request_time_s"] = float(m.group(2))
-    upstream = m.group(3)
+    _, request_time, upstream, _, rest = m.groups()
+    if request_time != "-":
+        attrs["request_time_s"] = float(request_time)
     if upstream and upstream != "-":
         attrs["upstream"] = upstream
-    rest = m.group(5)
     if not rest:
         return
     # "a, b : c" lists -> "a,b,c" so that the fields split on single spaces.
@@ -112,7 +111,8 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
         attrs["upstream_addr"] = addrs[-1]
     if len(fields) < 4:
         return
-    statuses = [_status(s) for s in fields[3].split(",")]
+    tries = fields[3]
+    statuses = [_status(s) for s in tries.split(",")] if "," in tries else [_status(tries)]
     attrs["upstream_status"] = statuses[-1]
     if len(addrs) > 1 or len(statuses) > 1:
         attrs["upstream_addrs"] = tuple(addrs)
@@ -121,6 +121,8 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
 
 def _list(field: str) -> list[str]:
     """Split one comma-joined upstream field, dropping nginx's "-" placeholders."""
+    if "," not in field:  # one try, the common case
+        return [field] if field and field != "-" else []
     return [item for item in field.split(",") if item and item != "-"]
 
 
