@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Final
 
 from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
@@ -18,6 +19,8 @@ from detector.events.model import Signal, SignalKind
 from detector.incidents.context import IncidentContext
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
+RESOLVED_KEPT_PER_WORKLOAD: Final = 4  # views of resolved incidents kept for ``context``
+SWEEPS_PER_WINDOW: Final = 4  # idle pods are looked for this often per correlation window
 _LB = SignalKind.LB_RESPONSE
 
 
@@ -27,6 +30,12 @@ class Correlator:
     ``observe(signal)`` returns the decisions the signal caused, in order; the clock is the
     latest event time seen, so out-of-order records within the windows are handled by
     their own event time.
+
+    Memory is bounded by the workloads and the window, not by the pods ever seen: a pod that
+    no signal named for longer than ``window_s`` of event time is forgotten (its per-pod state
+    and the resolver's cache entry; a workload of kind ``unknown``, which is one pod, with it),
+    unless its workload has an open incident; of the resolved incidents, the last
+    ``RESOLVED_KEPT_PER_WORKLOAD`` per workload keep their view.
     """
 
     def __init__(
@@ -41,7 +50,9 @@ class Correlator:
         self.now = 0.0
         self.unattributed = 0
         self._open: dict[str, WorkloadState] = {}  # incident key -> workload state
-        self._contexts: dict[str, IncidentContext] = {}
+        self._contexts: dict[str, IncidentContext] = {}  # resolved incidents' views
+        self._sweep_every_s = settings.window_s / SWEEPS_PER_WINDOW
+        self._next_sweep = 0.0  # event time of the next look for idle pods
 
     def observe(self, signal: Signal) -> list[Decision]:
         """Apply one signal; return the decisions it caused."""
@@ -53,14 +64,17 @@ class Correlator:
         if ws is None:
             ws = self.workloads[ref] = WorkloadState(ref, RateWindow(self.cfg.rate_window_s))
         time, kind, pod = signal.time, signal.kind, signal.pod
+        now = time if time > self.now else self.now
         if pod and (kind is not _LB or signal.attrs.get("sidecar")):
-            ws.pods.setdefault(pod)
+            ws.pods[pod] = now  # seen "now": a late record is activity too
         # the hottest kind without the handler table's lookup, once per load-balancer line
         out = self._lb_response(ws, signal) if kind is _LB else _HANDLERS[kind](self, ws, signal)
         if time > self.now:
             self.now = time
             if self._open:
                 out += self.advance(time)
+            if time >= self._next_sweep:
+                self._forget_idle(time)
         if ws.incident is not None:
             self._open[ws.incident.key] = ws
         return out
@@ -72,9 +86,38 @@ class Correlator:
             inc = ws.incident
             out += pattern.on_clock(ws, now, self.cfg)
             if inc is not None and ws.incident is not inc:
-                self._contexts[key] = _context(ws, inc)
+                self._keep_resolved(ws, key, _context(ws, inc))
                 del self._open[key]
         return out
+
+    def _keep_resolved(self, ws: WorkloadState, key: str, ctx: IncidentContext) -> None:
+        """Keep the view of a resolved incident, dropping the workload's oldest beyond the cap."""
+        kept = ws.resolved
+        if key in kept:
+            kept.remove(key)
+        elif len(kept) >= RESOLVED_KEPT_PER_WORKLOAD:
+            self._contexts.pop(kept.popleft(), None)
+        kept.append(key)
+        self._contexts[key] = ctx
+
+    def _forget_idle(self, now: float) -> None:
+        """Forget pods and GPUs idle for longer than the window, outside open incidents.
+
+        A workload of kind ``unknown`` is its one pod (no controller could be told from its
+        name or labels): it goes with its pod, with its resolved incidents' views.
+        """
+        self._next_sweep = now + self._sweep_every_s
+        horizon = now - self.cfg.window_s
+        for ref, ws in list(self.workloads.items()):
+            if ws.incident is not None:
+                continue
+            for pod in ws.forget_idle(horizon):
+                self.resolver.forget(ref.namespace, pod)
+            if ref.kind == "unknown" and not ws.pods:
+                del self.workloads[ref]
+                self.resolver.forget_workload(ref)
+                for key in ws.resolved:
+                    self._contexts.pop(key, None)
 
     @property
     def open_incidents(self) -> int:
@@ -148,10 +191,10 @@ class Correlator:
 
     def _gpu_memory(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         key = str(sig.attrs.get("uuid") or f"{sig.node}/{sig.attrs.get('gpu')}")
-        used, free = ws.gpu_used.get(key, (None, None))
+        used, free, _ = ws.gpu_used.get(key, (None, None, 0.0))
         used = sig.attrs.get("used_bytes", used)
         free = sig.attrs.get("free_bytes", free)
-        ws.gpu_used[key] = (used, free)
+        ws.gpu_used[key] = (used, free, max(self.now, sig.time))
         total = sig.attrs.get("total_bytes") or (
             used + free if used is not None and free is not None else None
         )

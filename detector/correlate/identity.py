@@ -55,6 +55,19 @@ class WorkloadResolver:
         self._namespaces: set[str] = set()
         self._refs: dict[WorkloadRef, WorkloadRef] = {}  # one object per workload
 
+    @property
+    def cached_pods(self) -> int:
+        """Return how many pods the cache holds."""
+        return len(self._pods)
+
+    def forget(self, namespace: str, pod: str) -> None:
+        """Drop ``pod`` from the cache (a pod gone idle); its next signal resolves it anew."""
+        self._pods.pop((namespace, pod), None)
+
+    def forget_workload(self, ref: WorkloadRef) -> None:
+        """Drop a workload no cached pod resolves to any more (an ``unknown`` one-pod one)."""
+        self._refs.pop(ref, None)
+
     def resolve(self, signal: Signal) -> WorkloadRef | None:
         """Return the signal's workload, or None when it names none."""
         if signal.kind is SignalKind.LB_RESPONSE and not signal.attrs.get("sidecar"):

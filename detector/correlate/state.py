@@ -95,11 +95,16 @@ class IncidentState:
 
 @dataclass(slots=True)
 class WorkloadState:
-    """What the correlator remembers about one workload; bounded by pods, not by events."""
+    """What the correlator remembers about one workload; bounded by the pods of the window.
+
+    Per-pod entries (``pods``, ``last_oom``, ``at_ceiling``, ``preemptions``, ``ambiguous``)
+    and per-GPU ones (``gpu_used``) go with ``forget_idle``; ``engine_config`` (pods log it
+    once, at start) and ``crash_loops`` have caps of their own.
+    """
 
     ref: WorkloadRef
     lb: RateWindow
-    pods: dict[str, None] = field(default_factory=dict)  # pods seen, in order
+    pods: dict[str, float] = field(default_factory=dict)  # pod -> last seen, in order seen
     last_oom: dict[str, float] = field(default_factory=dict)  # pod -> last GPU OOM time
     last_gpu_oom_at: float | None = None
     # (pod, measure) -> the latest signal at or over its ceiling; measure: "GPU memory",
@@ -120,8 +125,29 @@ class WorkloadState:
     baseline_ok_rate: float = 0.0  # ok responses/s in the last window before the surge
     host_oom_since: float | None = None
     last_host_oom_at: float | None = None
-    gpu_used: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    # GPU (uuid or node/index) -> (used bytes, free bytes, last seen)
+    gpu_used: dict[str, tuple[int | None, int | None, float]] = field(default_factory=dict)
     incident: IncidentState | None = None
+    resolved: deque[str] = field(default_factory=deque)  # keys of resolved incidents kept
+
+    def forget_idle(self, horizon: float) -> list[str]:
+        """Forget the pods and GPUs last seen before ``horizon`` (event time); return the pods.
+
+        Their entries go from every per-pod map; ``engine_config`` keeps its own cap.
+        """
+        idle = [pod for pod, seen in self.pods.items() if seen < horizon]
+        if idle:
+            gone = set(idle)
+            for pod in idle:
+                del self.pods[pod]
+                self.last_oom.pop(pod, None)
+                self.preemptions.pop(pod, None)
+                self.ambiguous.pop(pod, None)
+            for key in [k for k in self.at_ceiling if k[0] in gone]:
+                del self.at_ceiling[key]
+        for gpu in [g for g, (_, _, seen) in self.gpu_used.items() if seen < horizon]:
+            del self.gpu_used[gpu]
+        return idle
 
     def pressure_of(self, pod: str) -> Signal | None:
         """Return the latest signal that put ``pod`` at a ceiling, or None."""
