@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from detector.config import Settings
 from detector.errors import ConfigError
@@ -16,6 +17,11 @@ def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
         settings = Settings()
     except ValidationError as exc:
         raise ConfigError(f"invalid DETECTOR_* setting: {exc}") from exc
+    except SettingsError as exc:  # a list or mapping variable that is not JSON
+        raise ConfigError(
+            f"invalid DETECTOR_* setting: {exc}; lists and mappings are JSON, "
+            """e.g. DETECTOR_CONTAINMENT__APPROVERS='["alice"]'"""
+        ) from exc
     if database_url:
         settings.database.url = database_url
     if workloads:

@@ -11,12 +11,14 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from detector import db
 from detector.cli.report import incident_document
 from detector.cli.settings import cli_settings
-from detector.errors import DetectorError
+from detector.config import KafkaSettings
+from detector.errors import ConfigError, DetectorError
 from detector.incidents import service
 from detector.incidents.schemas import IncidentOut
 from detector.stream.app import produce_files, run_stream
@@ -63,9 +65,11 @@ def run_cmd(
             "max_poll_interval_ms": max_poll_interval_ms,
             "max_poll_records": max_poll_records,
         }
-        settings.kafka = kafka.model_copy(
-            update={k: v for k, v in options.items() if v is not None}
-        )
+        updates = {k: v for k, v in options.items() if v is not None}
+        try:  # validated like the environment's values (ranges, types)
+            settings.kafka = KafkaSettings.model_validate(kafka.model_dump() | updates)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid option: {_first_error(exc)}") from exc
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -129,3 +133,9 @@ def incidents_cmd(
         )
     if not incidents:
         console.print("no incidents")
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Return ``field: message`` of a validation error's first problem."""
+    err = exc.errors()[0]
+    return f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"

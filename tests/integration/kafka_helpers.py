@@ -197,17 +197,22 @@ def incidents_in(db_url: str) -> list[dict[str, Any]]:
         engine.dispose()
 
 
-def core_of(doc: dict[str, Any]) -> dict[str, Any]:
+def core_of(doc: dict[str, Any], *, after_cascade: bool = True) -> dict[str, Any]:
     """Return what a live run must share with a straight replay: every stage change, note, step
     and victim with its time, the pods and the planned steps.
 
     The evidence kept per signal kind is left out: after a restart or a takeover, the rebuilt
-    state keeps its own first-of-a-kind samples (idempotent, but not the same rows).
+    state keeps its own first-of-a-kind samples (idempotent, but not the same rows). With
+    ``after_cascade=False`` the stage changes after ``cascading`` are left out too: when a
+    process dies mid-stream and another takes its partitions over, when the quiet-time stages
+    (``contained``) fire depends on how far the survivor's other partitions had run ahead.
     """
+    late = ("stage -> contained", "stage -> resolved")
     timeline = sorted(
         (t["time"], t["kind"], t["message"])
         for t in doc["timeline"]
-        if t["kind"] != "signal" or t["message"].startswith("victim")
+        if (t["kind"] != "signal" or t["message"].startswith("victim"))
+        and (after_cascade or not t["message"].startswith(late))
     )
     steps = [(s["position"], s["action"], s["status"]) for s in doc["steps"]]
     return {"key": doc["key"], "pods": doc["pods"], "steps": steps, "timeline": timeline}
