@@ -170,7 +170,9 @@ def kill_switch_cmd(
 
 def serve_cmd(
     host: Annotated[str | None, typer.Option(help="address (default: DETECTOR_WEB__HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="port (default: DETECTOR_WEB__PORT)")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="port (default: DETECTOR_WEB__PORT)")
+    ] = None,
     database_url: DbOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -190,6 +192,6 @@ def serve_cmd(
     uvicorn.run(
         create_app(settings),
         host=host or settings.web.host,
-        port=port or settings.web.port,
+        port=port if port is not None else settings.web.port,
         log_level="info" if verbose else "warning",
     )

@@ -101,6 +101,14 @@ def parse_count_arg(text: str, what: str) -> int:
     return round(float(match.group(1)) * scale)
 
 
+def _gpu_bytes(text: str) -> int:
+    """Return ``--gpu-memory`` in bytes; ConfigError under 1 GiB (a missing unit, surely)."""
+    size = parse_size_arg(text, "--gpu-memory")
+    if size < GIB:
+        raise ConfigError(f"--gpu-memory: {text!r} is under 1 GiB; give a unit, e.g. 80GiB")
+    return size
+
+
 def _gib(size: float) -> str:
     return f"{size / GIB:.2f} GiB"
 
@@ -202,7 +210,7 @@ def ceilings_cmd(
             raise ConfigError(f"--engine must be one of {', '.join(KNOWN_ENGINES)}")
         request = Request(
             shape=load_model_config(model_config),
-            gpu_bytes=parse_size_arg(gpu_memory, "--gpu-memory"),
+            gpu_bytes=_gpu_bytes(gpu_memory),
             utilization=utilization,
             tensor_parallel=tensor_parallel,
             max_len=max_len,
