@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import small_cascade
+from small_cascade import T0, signal
 from sqlalchemy import select
 from test_nginx_actuator import (  # the nginx fixture and helpers of the actuator's own tests
     BURST_N,
@@ -23,7 +25,7 @@ from test_nginx_actuator import (  # the nginx fixture and helpers of the actuat
 from detector import db
 from detector.actuators.nginx import NginxRateLimiter
 from detector.actuators.nginx_config import rate_limit_from_step
-from detector.events.model import Signal, SignalKind, SourcePos
+from detector.events.model import SignalKind
 from detector.incidents import service
 from detector.incidents.containment import ActuatorBinding, Containment, advance
 from detector.incidents.context import IncidentContext
@@ -33,33 +35,14 @@ from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import plan
 
 __all__ = ["nginx"]  # a fixture, used by name
-T0 = 1_714_564_800.0
 RUNBOOK = load_runbook(default_runbook_path())
 RATE_ONLY = RUNBOOK.model_copy(update={"steps": (RUNBOOK.step("enable_rate_limit"),)})
 
 
 def context(stage: str, at: float) -> IncidentContext:
-    def sig(kind: SignalKind, dt: float, pod: str | None = None, **attrs: object) -> Signal:
-        source = SourcePos("recorded/ml.log", int(dt) + 1000)
-        return Signal(kind=kind, time=T0 + dt, source=source, namespace="ml", pod=pod, attrs=attrs)
-
-    signals = (
-        *(sig(SignalKind.LB_RESPONSE, -29 + i * 0.5, status=200, count=3) for i in range(100)),
-        sig(SignalKind.GPU_OOM, 0, "llm-a"),
-        sig(SignalKind.GPU_OOM, 30, "llm-b"),
-        sig(SignalKind.LB_RESPONSE, at, status=200, error_rate_per_s=0.0),
-    )
-    return IncidentContext(
-        key="prod/ml/llm@1",
-        namespace="ml",
-        workload="llm",
-        workload_kind="Deployment",
-        stage=stage,
-        opened_at=T0,
-        victims=("llm-a", "llm-b"),
-        pods_seen=("llm-a", "llm-b", "llm-c", "llm-d"),
-        signals=tuple(sorted(signals, key=lambda s: s.time)),
-    )
+    """The small cascade at ``stage``, with a clean LB window ``at`` s after the first OOM."""
+    calm = signal(SignalKind.LB_RESPONSE, at, status=200, error_rate_per_s=0.0)
+    return small_cascade.context(stage, key="prod/ml/llm@1", extra=(calm,))
 
 
 def test_armed_rate_limit_is_applied_relaxed_and_removed(

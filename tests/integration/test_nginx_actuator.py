@@ -31,15 +31,11 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from small_cascade import rate_step
 
 from detector.actuators.base import Status
 from detector.actuators.nginx import NginxGateway, NginxRateLimiter, serving_children
 from detector.actuators.nginx_config import RateLimit, rate_limit_from_step
-from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
-from detector.runbooks.definition import Action
-from detector.runbooks.loader import default_runbook_path, load_runbook
-from detector.runbooks.planner import plan
 
 START_TIMEOUT_S = 15.0
 BURST_N = 30
@@ -187,39 +183,9 @@ def assert_limited(counts: Counter[int], elapsed_s: float, limit: RateLimit) -> 
     assert counts[429] >= BURST_N - allowed
 
 
-T0 = 1_714_564_800.0
-
-
-def _sig(kind: SignalKind, dt: float, pod: str | None = None, **attrs: object) -> Signal:
-    source = SourcePos("recorded/ml.log", int(dt) + 1000)
-    return Signal(kind=kind, time=T0 + dt, source=source, namespace="ml", pod=pod, attrs=attrs)
-
-
 def planned_rate_limit() -> RateLimit:
-    """Plan the shipped runbook for a small cascade; return its enable_rate_limit limit.
-
-    60 s before the last victim: 300 ok responses (5/s) across 4 pods, 2 of them dead, so the
-    planner gives floor(5 x 2 / 4) = 2 requests per second.
-    """
-    signals = (
-        *(_sig(SignalKind.LB_RESPONSE, -29 + i * 0.5, status=200, count=3) for i in range(100)),
-        _sig(SignalKind.GPU_OOM, 0, "llm-a"),
-        _sig(SignalKind.GPU_OOM, 30, "llm-b"),
-    )
-    ctx = IncidentContext(
-        key="prod/ml/llm",
-        namespace="ml",
-        workload="llm",
-        workload_kind="Deployment",
-        stage="cascading",
-        opened_at=T0,
-        victims=("llm-a", "llm-b"),
-        pods_seen=("llm-a", "llm-b", "llm-c", "llm-d"),
-        signals=tuple(sorted(signals, key=lambda s: s.time)),
-    )
-    steps = plan(load_runbook(default_runbook_path()), ctx, dry_run=False)
-    step = next(s for s in steps if s.action is Action.ENABLE_RATE_LIMIT)
-    return rate_limit_from_step(step)
+    """Return the RateLimit the shipped runbook plans for the small cascade (2 r/s)."""
+    return rate_limit_from_step(rate_step())
 
 
 def test_rate_limit_answers_429_at_the_planned_rate_and_revert_restores(

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from small_cascade import rate_step
 
 import detector.actuators.nginx as nginx_module
 from detector.actuators.base import ActuatorError, Change, Plan, Status
@@ -20,11 +21,7 @@ from detector.actuators.nginx_config import (
     render_location,
     zone_name,
 )
-from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 from detector.runbooks.definition import Action
-from detector.runbooks.loader import default_runbook_path, load_runbook
-from detector.runbooks.planner import PlannedStep, plan
 
 LIMIT = RateLimit(zone="detector_ml_llm", rate_per_s=2)
 
@@ -88,38 +85,8 @@ def test_zone_name_keeps_only_zone_characters() -> None:
     assert len(zone_name("n" * 63, "w" * 63)) == 64
 
 
-T0 = 1_714_564_800.0
-
-
-def _sig(kind: SignalKind, dt: float, pod: str | None = None, **attrs: object) -> Signal:
-    source = SourcePos("recorded/ml.log", int(dt) + 1000)
-    return Signal(kind=kind, time=T0 + dt, source=source, namespace="ml", pod=pod, attrs=attrs)
-
-
-def _rate_step() -> PlannedStep:
-    """Plan the shipped runbook: 300 ok lines (5/s) in the 60 s before the last victim."""
-    signals = (
-        *(_sig(SignalKind.LB_RESPONSE, -29 + i * 0.5, status=200, count=3) for i in range(100)),
-        _sig(SignalKind.GPU_OOM, 0, "llm-a"),
-        _sig(SignalKind.GPU_OOM, 30, "llm-b"),
-    )
-    ctx = IncidentContext(
-        key="prod/ml/llm",
-        namespace="ml",
-        workload="llm",
-        workload_kind="Deployment",
-        stage="cascading",
-        opened_at=T0,
-        victims=("llm-a", "llm-b"),
-        pods_seen=("llm-a", "llm-b", "llm-c", "llm-d"),
-        signals=tuple(sorted(signals, key=lambda s: s.time)),
-    )
-    steps = plan(load_runbook(default_runbook_path()), ctx, dry_run=False)
-    return next(step for step in steps if step.action is Action.ENABLE_RATE_LIMIT)
-
-
 def test_rate_limit_from_step_reuses_the_planned_rate() -> None:
-    step = _rate_step()
+    step = rate_step()
     limit = rate_limit_from_step(step, burst=3)
     assert step.params["limit_rps"] == "2"  # floor(5.0 ok/s x 2 serving / 4 seen)
     assert limit == RateLimit(zone="detector_ml_llm", rate_per_s=2, burst=3)
@@ -134,7 +101,7 @@ def test_rate_limit_from_step_reuses_the_planned_rate() -> None:
     ],
 )
 def test_rate_limit_from_step_rejects_other_steps(change: dict[str, object]) -> None:
-    step = replace(_rate_step(), **change)  # type: ignore[arg-type]
+    step = replace(rate_step(), **change)  # type: ignore[arg-type]
     with pytest.raises(ActuatorError) as caught:
         rate_limit_from_step(step)
     assert caught.value.reason == "invalid_request"
