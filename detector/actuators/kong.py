@@ -43,9 +43,9 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
-from detector.runbooks.sizing import coerce_int
 
 PLUGIN = "rate-limiting"
 POLICIES = ("local", "cluster", "redis")

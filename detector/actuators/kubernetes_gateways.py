@@ -48,9 +48,9 @@ from detector.actuators.kubernetes_patch import (
     nested,
     render_fields,
 )
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
-from detector.runbooks.sizing import coerce_int
 
 PREFIX = "nginx.ingress.kubernetes.io/"
 LIMIT_RPS = PREFIX + "limit-rps"

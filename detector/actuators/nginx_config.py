@@ -30,9 +30,9 @@ import re
 from dataclasses import dataclass
 
 from detector.actuators.base import ActuatorError
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
-from detector.runbooks.sizing import coerce_int
 
 DEFAULT_ZONE_SIZE = "10m"
 """Shared memory per zone: 1 MB holds about 16,000 states of 64 bytes (nginx docs above)."""

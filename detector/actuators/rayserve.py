@@ -40,9 +40,9 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
-from detector.runbooks.sizing import coerce_int
 
 PATH = "/api/serve/applications/"
 TOP_LEVEL = ("proxy_location", "http_options", "grpc_options", "target_capacity")

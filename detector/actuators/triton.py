@@ -41,9 +41,9 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
-from detector.runbooks.sizing import coerce_int
 
 BATCHING_FIELDS = ("max_queue_delay_microseconds", "preferred_batch_size", "default_queue_policy")
 NOT_EXPLICIT = "explicit model load / unload is not allowed"

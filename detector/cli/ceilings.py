@@ -3,10 +3,10 @@
 Inputs: the model's Hugging Face config.json (a multimodal config's ``text_config`` first, then
 the top level), GPU memory, utilization and tensor parallel; optionally the engine's startup log
 (``--engine-log``), whose figures replace the estimates. The calculation is the one the
-lower-batch-ceiling runbook step uses (detector.runbooks.ceilings.compute, on
-detector.runbooks.sizing); this module reads the files and prints.
+lower-batch-ceiling runbook step uses (detector.capacity.ceilings.compute, on
+detector.capacity.sizing); this module reads the files and prints.
 
-``--json`` prints the document of ``detector.runbooks.ceilings.compute`` (sizes in bytes in
+``--json`` prints the document of ``detector.capacity.ceilings.compute`` (sizes in bytes in
 ``*_bytes`` keys, token counts in ``*_tokens`` and ``max_*`` keys, where each figure came from
 in ``*_source`` keys). Exit status: 0; 1 when not even one request of the maximum length fits;
 2 for bad input, with a message and no traceback.
@@ -22,18 +22,18 @@ from typing import Annotated, Any
 
 import typer
 
-from detector.errors import ConfigError
-from detector.events.classify import parse_size
-from detector.events.engine_lines import parse_engine_line
-from detector.events.model import SignalKind
-from detector.runbooks.ceilings import (
+from detector.capacity.ceilings import (
     EngineLog,
     ModelShape,
     Request,
     compute,
     parse_model_config,
 )
-from detector.runbooks.sizing import GIB, KNOWN_ENGINES
+from detector.capacity.sizing import GIB, KNOWN_ENGINES
+from detector.errors import ConfigError
+from detector.events.classify import parse_size
+from detector.events.engine_lines import parse_engine_line
+from detector.events.model import SignalKind
 
 MAX_LOG_LINE_CHARS = 1 << 16  # longer engine-log lines are cut here
 _SIZE = r"(\d{1,9}(?:\.\d{1,6})?)\s?([KMGT]i?B)"

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from detector.capacity.numbers import coerce_float, coerce_int
+from detector.capacity.sizing import normalize_engine
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.incidents.context import IncidentContext
-from detector.runbooks.sizing import coerce_float, coerce_int, normalize_engine
 
 QUESTIONS: dict[str, str] = {
     "batch_and_seq_len": (

@@ -13,18 +13,18 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from detector.events.model import Signal, SignalKind
-from detector.incidents.context import IncidentContext
-from detector.incidents.questions import engine_config
-from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
-from detector.runbooks.render import render_step
-from detector.runbooks.sizing import (
+from detector.capacity.sizing import (
     CeilingProposal,
     ceiling_from_evidence,
     coerce_float,
     coerce_int,
     connection_limit,
 )
+from detector.events.model import Signal, SignalKind
+from detector.incidents.context import IncidentContext
+from detector.incidents.questions import engine_config
+from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
+from detector.runbooks.render import render_step
 
 RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
 DEFAULT_SPACING_S = 120.0  # restart spacing when no model load time is in the logs

@@ -22,7 +22,7 @@ from detector.cli.ceilings import (
     read_engine_log,
 )
 from detector.errors import ConfigError
-from detector.runbooks.ceilings import (
+from detector.capacity.ceilings import (
     EngineLog,
     ModelShape,
     Request,
@@ -31,7 +31,7 @@ from detector.runbooks.ceilings import (
     estimate_parameters,
     parse_model_config,
 )
-from detector.runbooks.sizing import GIB
+from detector.capacity.sizing import GIB
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 LLAMA = "llama-3.1-8b.json"

@@ -6,15 +6,14 @@ from typing import Any
 
 import pytest
 
-from detector.runbooks.sizing import (
+from detector.capacity.numbers import coerce_float, coerce_int
+from detector.capacity.sizing import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
     GIB,
     TGI_DEFAULT_MAX_CONCURRENT_REQUESTS,
     VLLM_DEFAULT_MAX_NUM_SEQS,
     KvCapacity,
     ceiling_from_evidence,
-    coerce_float,
-    coerce_int,
     connection_limit,
     infer_engine,
     kv_bytes_per_token,

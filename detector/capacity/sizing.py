@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from detector.capacity.numbers import coerce_float, coerce_int
+
 GIB = 1024**3
 
 KNOWN_ENGINES = ("vllm", "tgi", "sglang")
@@ -175,27 +177,6 @@ def normalize_engine(name: Any) -> str:
     if not isinstance(name, str):
         return "unknown"
     return _ENGINE_ALIASES.get(name.strip().lower(), "unknown")
-
-
-def coerce_int(value: Any) -> int | None:
-    """Return ``value`` as an int (from int, integral float or digit string), else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    number = coerce_float(value)
-    return int(number) if number is not None and number.is_integer() else None
-
-
-def coerce_float(value: Any) -> float | None:
-    """Return ``value`` as a finite float (from a number or numeric string), else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _gib(size: float) -> str:

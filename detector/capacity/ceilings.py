@@ -5,7 +5,7 @@ config's ``text_config`` first, then the top level) and names a missing field in
 ``estimate_parameters`` counts the weights of a dense or mixture-of-experts decoder. ``compute``
 picks each figure from the command line, the engine's startup log or the estimate, in that
 order, and runs the one calculation the lower-batch-ceiling runbook step uses too
-(detector.runbooks.sizing: ``kv_capacity_from_memory`` or ``kv_capacity_from_evidence``, then
+(detector.capacity.sizing: ``kv_capacity_from_memory`` or ``kv_capacity_from_evidence``, then
 ``safe_ceilings`` and ``ceiling_from_evidence``). Config fields:
 https://huggingface.co/docs/transformers/main_classes/configuration
 """
@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from detector.errors import ConfigError
-from detector.runbooks.sizing import (
+from detector.capacity.sizing import (
     BLOCK_TOKENS,
     DEFAULT_ACTIVATION_RESERVE_BYTES,
     GIB,
@@ -38,6 +37,7 @@ from detector.runbooks.sizing import (
     kv_heads_per_gpu,
     safe_ceilings,
 )
+from detector.errors import ConfigError
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (docs: engine_args)
 UTILIZATION_PARAM = {
@@ -374,7 +374,7 @@ def _reserve(req: Request, log: EngineLog) -> tuple[int, str]:
         return log.reserve_bytes, "engine log (profiled non-torch memory + activation peak)"
     source = (
         f"default {DEFAULT_ACTIVATION_RESERVE_BYTES / GIB:g} GiB for activation peak, non-torch "
-        "memory and CUDA graphs: detector.runbooks.sizing.DEFAULT_ACTIVATION_RESERVE_BYTES"
+        "memory and CUDA graphs: detector.capacity.sizing.DEFAULT_ACTIVATION_RESERVE_BYTES"
     )
     return DEFAULT_ACTIVATION_RESERVE_BYTES, source
 

@@ -1,0 +1,1 @@
+"""Capacity arithmetic: KV-cache sizing, safe batch ceilings, number coercions. Pure."""
