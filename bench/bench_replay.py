@@ -117,7 +117,7 @@ def _product(paths: list[Path], folder: Path) -> dict[str, Any]:
 def _core(paths: list[Path], _folder: Path) -> dict[str, Any]:
     """Parse every record and correlate every signal, the records already in memory."""
     from detector.config import Settings
-    from detector.correlate.engine import Correlator
+    from detector.correlate.correlator import Correlator
     from detector.errors import ParseError
     from detector.events.detect import parse_record
     from detector.events.model import SourcePos

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.actuators.registry import step_actuators
 from detector.config import Settings, load_workload_map
-from detector.correlate.engine import Correlator
+from detector.correlate.correlator import Correlator
 from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init

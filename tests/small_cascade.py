@@ -7,8 +7,8 @@ it: floor(5 x 2 serving / 4 seen).
 
 from __future__ import annotations
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, plan

@@ -2,7 +2,7 @@
 
 ``step_actuators(settings)`` returns the registry ``IncidentFlows`` uses, by runbook action.
 Only the actions whose target is configured are registered; an action without one is
-recorded as a dry-run change (``detector.incidents.containment.DryRunActuator``). Even a
+recorded as a dry-run change (``detector.runbooks.runner.DryRunActuator``). Even a
 registered actuator acts for real only for an armed workload in a process that is not in
 dry-run; otherwise it reads and records the exact change.
 
@@ -51,7 +51,7 @@ from detector.config import (
     TritonSettings,
 )
 from detector.errors import ConfigError
-from detector.incidents.containment import ActuatorBinding, StepActuator
+from detector.runbooks.bindings.base import ActuatorBinding, StepActuator
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 

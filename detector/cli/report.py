@@ -8,10 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from detector.incidents.containment import preview_diff
-from detector.incidents.steps import StepRecord
 from detector.pipeline import ReplayResult
 from detector.runbooks.definition import Action
+from detector.runbooks.runner import preview_diff
+from detector.runbooks.steps import StepRecord
 
 CORE_SIGNALS = ("gpu_oom", "crash_loop", "lb_errors", "gpu_memory")
 

@@ -3,7 +3,7 @@
 The one place that crosses domains: correlate -> incidents -> runbooks. An incident that
 starts cascading gets its runbook planned; from then on, after every batch of decisions that
 touches it and at every ``finish``, the step engine advances its steps at the event time
-reached (:mod:`detector.incidents.containment`), so replay and the live loop both run it.
+reached (:mod:`detector.runbooks.runner`), so replay and the live loop both run it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from detector.config import Settings
+from detector.correlate.context import IncidentContext
 from detector.correlate.state import (
     PATTERN,
     Decision,
@@ -26,14 +27,14 @@ from detector.correlate.state import (
     VictimAdded,
 )
 from detector.incidents import service
-from detector.incidents.containment import Containment, StepActuator, advance, settled
-from detector.incidents.context import IncidentContext
 from detector.incidents.models import Evidence, Incident, RunbookRun, RunbookStep, Verdict
 from detector.incidents.questions import answer_questions
-from detector.incidents.steps import StepRecord, StepState
+from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Runbook
-from detector.runbooks.engine import plan_text
 from detector.runbooks.planner import plan
+from detector.runbooks.runner import Containment, advance, settled
+from detector.runbooks.steps import StepRecord, StepState
+from detector.runbooks.transitions import plan_text
 
 ContextLookup = Callable[[str], IncidentContext | None]
 

@@ -92,7 +92,7 @@ class RunMode(StrEnum):
 class StepStatus(StrEnum):
     """Status of one runbook step: ``dry_run`` while only recorded, else the engine's state.
 
-    The engine's states are those of ``detector.incidents.steps.StepState``.
+    The engine's states are those of ``detector.runbooks.steps.StepState``.
     """
 
     PLANNED = "planned"

@@ -14,8 +14,8 @@ from typing import Any
 
 from detector.capacity.numbers import coerce_float, coerce_int
 from detector.capacity.sizing import normalize_engine
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 
 QUESTIONS: dict[str, str] = {
     "batch_and_seq_len": (

@@ -38,7 +38,7 @@ from detector.incidents.models import (
     StepApproval,
     to_datetime,
 )
-from detector.incidents.steps import ApprovalStatus
+from detector.runbooks.steps import ApprovalStatus
 
 KILL_SWITCH = "kill_switch"
 ARMED = "armed"

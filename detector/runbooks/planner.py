@@ -20,8 +20,8 @@ from detector.capacity.sizing import (
     coerce_int,
     connection_limit,
 )
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind
-from detector.incidents.context import IncidentContext
 from detector.incidents.questions import engine_config
 from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
 from detector.runbooks.render import render_step

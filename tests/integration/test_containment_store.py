@@ -16,17 +16,17 @@ from sqlalchemy.orm import Session
 
 from detector import db
 from detector.actuators.base import ActionResult, Change, Operation, Plan, Status
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.incidents import service
-from detector.incidents.containment import Containment, advance
-from detector.incidents.context import IncidentContext
 from detector.incidents.models import Incident, RunbookRun, StepAction, StepApproval
-from detector.incidents.steps import StepRecord
 from detector.runbooks import approvals
 from detector.runbooks.approvals import ApprovalError
 from detector.runbooks.definition import Runbook
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, plan
+from detector.runbooks.runner import Containment, advance
+from detector.runbooks.steps import StepRecord
 
 T0 = 1_741_943_000.0
 APPROVERS = ("alice", "bob")

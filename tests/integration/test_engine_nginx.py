@@ -25,14 +25,15 @@ from test_nginx_actuator import (  # the nginx fixture and helpers of the actuat
 from detector import db
 from detector.actuators.nginx import NginxRateLimiter
 from detector.actuators.nginx_config import rate_limit_from_step
+from detector.correlate.context import IncidentContext
 from detector.events.model import SignalKind
 from detector.incidents import service
-from detector.incidents.containment import ActuatorBinding, Containment, advance
-from detector.incidents.context import IncidentContext
 from detector.incidents.models import RunbookRun
 from detector.runbooks import approvals
+from detector.runbooks.bindings.base import ActuatorBinding
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import plan
+from detector.runbooks.runner import Containment, advance
 
 __all__ = ["nginx"]  # a fixture, used by name
 RUNBOOK = load_runbook(default_runbook_path())

@@ -15,13 +15,6 @@ from typing import Any
 
 import pytest
 
-from detector.cli.ceilings import (
-    load_model_config,
-    parse_count_arg,
-    parse_size_arg,
-    read_engine_log,
-)
-from detector.errors import ConfigError
 from detector.capacity.ceilings import (
     EngineLog,
     ModelShape,
@@ -32,6 +25,13 @@ from detector.capacity.ceilings import (
     parse_model_config,
 )
 from detector.capacity.sizing import GIB
+from detector.cli.ceilings import (
+    load_model_config,
+    parse_count_arg,
+    parse_size_arg,
+    read_engine_log,
+)
+from detector.errors import ConfigError
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 LLAMA = "llama-3.1-8b.json"

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from detector.config import ContainmentSettings, Settings, WebSettings
-from detector.incidents.containment import DryRunActuator
 from detector.incidents.flows import IncidentFlows
 from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.runner import DryRunActuator
 
 
 def test_defaults_act_on_nothing() -> None:

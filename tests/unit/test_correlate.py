@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from detector.config import CorrelateSettings, UpstreamMapping, WorkloadMap
-from detector.correlate.engine import Correlator
+from detector.correlate.correlator import Correlator
 from detector.correlate.identity import workload_of_pod
 from detector.correlate.state import (
     Decision,

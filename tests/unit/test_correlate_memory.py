@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from detector.config import CorrelateSettings
-from detector.correlate.engine import RESOLVED_KEPT_PER_WORKLOAD, Correlator
+from detector.correlate.correlator import RESOLVED_KEPT_PER_WORKLOAD, Correlator
 from detector.correlate.state import IncidentOpened, StageChanged, WorkloadState
 from detector.events.model import Signal, SignalKind, SourcePos
 

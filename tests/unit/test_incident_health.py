@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
-from detector.incidents.health import Health, evaluate, health, spread
+from detector.runbooks.health import Health, evaluate, health, spread
 
 T0 = 1_741_943_000.0
 K = SignalKind

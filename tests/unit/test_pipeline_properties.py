@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detector.config import CorrelateSettings
-from detector.correlate.engine import Correlator
+from detector.correlate.correlator import Correlator
 from detector.events.model import SourcePos
 from detector.lab import fuzz
 from detector.pipeline import parse_stream

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 from detector.incidents.questions import (
     QUESTIONS,
     Answer,

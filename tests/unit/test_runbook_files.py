@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook, runbooks_dir
 from detector.runbooks.planner import build_variables, plan

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
 from detector.runbooks.definition import Action, Floors, Runbook
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import (

@@ -1,7 +1,7 @@
 """What the incident store keeps about each containment step: its state, record and approval.
 
 Pure data. ``StepRecord`` is stored as JSON in ``RunbookStep.result``; the step engine
-(:mod:`detector.runbooks.engine`) moves it forward, and the reports read it.
+(:mod:`detector.runbooks.transitions`) moves it forward, and the reports read it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 
 class StepState(StrEnum):
-    """Where one step is in its life (see :mod:`detector.runbooks.engine`)."""
+    """Where one step is in its life (see :mod:`detector.runbooks.transitions`)."""
 
     PLANNED = "planned"
     AWAITING_APPROVAL = "awaiting_approval"

@@ -12,11 +12,11 @@ from typing import Final
 
 from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
+from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
 from detector.correlate.state import Decision, IncidentState, WorkloadState
 from detector.correlate.windows import ERROR_STATUSES, RateWindow
 from detector.events.model import Signal, SignalKind
-from detector.incidents.context import IncidentContext
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
 RESOLVED_KEPT_PER_WORKLOAD: Final = 4  # views of resolved incidents kept for ``context``

@@ -1,6 +1,6 @@
 """Run the step engine for one incident: read its conditions, act, record every transition.
 
-The adapter side of :mod:`detector.runbooks.engine`: the conditions come from the store
+The adapter side of :mod:`detector.runbooks.transitions`: the conditions come from the store
 (approvals, arming, kill switch, the workload's recent actions) and the incident's evidence;
 each move that acts goes through the actuator registered for the step's action, for real only
 when the process is not in dry-run, the workload is armed and an actuator is registered;
@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from sqlalchemy.orm import Session
 
 from detector.actuators.base import ActionResult, Actuator, Change, Operation, Plan, Status
+from detector.correlate.context import IncidentContext
 from detector.incidents import service
-from detector.incidents.context import IncidentContext
-from detector.incidents.health import health
 from detector.incidents.models import Incident, RunbookRun, RunbookStep
-from detector.incidents.steps import Approval, StepRecord, StepState
 from detector.runbooks import approvals
+from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Action, Runbook
-from detector.runbooks.engine import (
+from detector.runbooks.health import health
+from detector.runbooks.planner import PlannedStep, planned_step
+from detector.runbooks.steps import Approval, StepRecord, StepState
+from detector.runbooks.transitions import (
     ACTUATOR_MOVES,
     REVERT_MOVES,
     Conditions,
@@ -36,7 +38,6 @@ from detector.runbooks.engine import (
     next_transition,
     settle,
 )
-from detector.runbooks.planner import PlannedStep, planned_step
 
 log = logging.getLogger(__name__)
 
@@ -52,46 +53,6 @@ _DONE = frozenset(
         StepState.LIFTED,
     }
 )
-
-
-class StepActuator(Protocol):
-    """What the engine needs of an actuator: plan a step's change, apply it, revert it."""
-
-    def plan_step(self, step: PlannedStep) -> Plan:
-        """Return the exact change ``step`` makes, read against the current content."""
-        ...
-
-    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
-        """Make the change (dry-run: record it only)."""
-        ...
-
-    def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
-        """Undo the change (dry-run: record it only)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ActuatorBinding:
-    """An ``Actuator`` with the function that plans its change from a planned step.
-
-    E.g. ``ActuatorBinding(limiter, lambda s: limiter.plan(rate_limit_from_step(s)))`` for
-    the nginx rate limit (detector.actuators.nginx).
-    """
-
-    actuator: Actuator
-    plan_for: Callable[[PlannedStep], Plan]
-
-    def plan_step(self, step: PlannedStep) -> Plan:
-        """Return ``plan_for(step)``."""
-        return self.plan_for(step)
-
-    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
-        """Apply through the actuator."""
-        return self.actuator.apply(plan, dry_run=dry_run)
-
-    def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
-        """Revert through the actuator."""
-        return self.actuator.revert(plan, dry_run=dry_run)
 
 
 def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str | None, str]:

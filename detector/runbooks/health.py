@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from detector.correlate.context import IncidentContext
 from detector.events.model import SignalKind
-from detector.incidents.context import IncidentContext
 
 
 @dataclass(frozen=True, slots=True)

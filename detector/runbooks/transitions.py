@@ -2,7 +2,7 @@
 
 ``next_transition(steps, records, conditions)`` returns the one next ``Transition`` of an
 incident's planned steps, or None when nothing is due. The caller
-(:mod:`detector.incidents.containment`) performs it (``ACTUATOR_MOVES`` go through an actuator
+(:mod:`detector.runbooks.runner`) performs it (``ACTUATOR_MOVES`` go through an actuator
 and are completed by ``settle``), stores the record, approval and timeline entry (``dedupe``
 keeps them idempotent), and asks again.
 
@@ -29,10 +29,10 @@ from enum import StrEnum
 from typing import Any
 
 from detector.actuators.base import ActionResult, Status
-from detector.incidents.health import Health, evaluate, hms, spread
-from detector.incidents.steps import Approval, StepRecord, StepState
 from detector.runbooks.definition import Action, OnFailure
+from detector.runbooks.health import Health, evaluate, hms, spread
 from detector.runbooks.planner import PlannedStep
+from detector.runbooks.steps import Approval, StepRecord, StepState
 
 ENGINE_ACTOR = "detector"
 CALM_STAGES = ("contained", "resolved")

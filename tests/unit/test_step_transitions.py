@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from detector.actuators.base import ActionResult, Operation, Status
+from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.incidents.context import IncidentContext
-from detector.incidents.health import Health
-from detector.incidents.steps import Approval, StepRecord, StepState
 from detector.runbooks.definition import OnFailure
-from detector.runbooks.engine import (
+from detector.runbooks.health import Health
+from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.planner import PlannedStep, plan
+from detector.runbooks.steps import Approval, StepRecord, StepState
+from detector.runbooks.transitions import (
     ACTUATOR_MOVES,
     Conditions,
     Move,
@@ -23,8 +25,6 @@ from detector.runbooks.engine import (
     next_transition,
     settle,
 )
-from detector.runbooks.loader import default_runbook_path, load_runbook
-from detector.runbooks.planner import PlannedStep, plan
 
 T0 = 1_741_943_000.0
 CASCADING = Health(time=T0, stage="cascading", victims=("a", "b"), error_rate_per_s=4.0)

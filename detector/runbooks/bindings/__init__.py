@@ -1,0 +1,1 @@
+"""Bindings from runbook steps to actuators: the only code that imports ``detector.actuators``."""
