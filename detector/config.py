@@ -82,8 +82,8 @@ class KafkaSettings(BaseModel):
 class NginxGatewaySettings(BaseModel):
     """A plain nginx in front of the model (``DETECTOR_CONTAINMENT__NGINX__CONF_PATH`` ...).
 
-    When set, the ``enable_rate_limit`` step drives it (detector.actuators.nginx): the two
-    include files are written, checked with ``nginx -t`` and reloaded.
+    When set, the ``enable_rate_limit`` step drives it (detector.actuators.nginx.limiter): the
+    two include files are written, checked with ``nginx -t`` and reloaded.
     """
 
     conf_path: Path

@@ -1,21 +1,38 @@
-"""Database engine, sessions and schema migrations (Alembic) of the incident store."""
+"""Database engine, sessions, schema migrations (Alembic) and the declarative ``Base``.
+
+The ORM models live with the domain that owns them (``detector.incidents.models``,
+``detector.runbooks.models``); they share the ``Base`` and the column types defined here.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
 from alembic.util import CommandError
-from sqlalchemy import Engine, Table, create_engine, event
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Dialect,
+    Engine,
+    Integer,
+    MetaData,
+    Table,
+    TypeDecorator,
+    create_engine,
+    event,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from detector.errors import StoreError
 
@@ -26,6 +43,67 @@ R = TypeVar("R")
 
 # The Alembic scripts live in the top-level migrations/ folder of the source tree.
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+
+
+# Constraint names are fixed so that migrations (and SQLite batch mode) can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# 64-bit ids on PostgreSQL; SQLite only auto-increments a column declared INTEGER.
+IdType = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def to_datetime(ts: float) -> datetime:
+    """Convert Unix seconds (UTC) to a timezone-aware UTC datetime."""
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def to_timestamp(value: datetime) -> float:
+    """Convert a timezone-aware datetime to Unix seconds."""
+    return value.timestamp()
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Store timezone-aware datetimes as UTC and read them back timezone-aware UTC.
+
+    PostgreSQL keeps them in ``timestamptz``; SQLite has no time zones, so the value is stored
+    as naive UTC and UTC is attached again on the way out. Naive datetimes are refused
+    (``ValueError``): they are ambiguous.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Normalize to UTC before writing."""
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Attach or convert to UTC after reading."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the incident store (incidents and runbook runs)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+M = TypeVar("M", bound=Base)
 
 
 def make_engine(url: str) -> Engine:
@@ -110,6 +188,18 @@ def insert_ignore(
     # rowcount of an INSERT is only kept when asked for: 1 inserted, 0 on conflict.
     result = connection.execute(stmt.execution_options(preserve_rowcount=True))
     return result.rowcount == 1
+
+
+def get_or_insert(
+    session: Session, model: type[M], values: dict[str, Any], keys: list[str]
+) -> tuple[M, bool]:
+    """Return the row of ``model`` with the unique ``keys`` of ``values`` and whether it is new."""
+    stmt = select(model).filter_by(**{key: values[key] for key in keys})
+    row = session.scalars(stmt).one_or_none()
+    if row is not None:
+        return row, False
+    inserted = insert_ignore(session, model, values, keys)
+    return session.scalars(stmt).one(), inserted
 
 
 def clean_text(text: str) -> str:

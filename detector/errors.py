@@ -1,19 +1,33 @@
 """The exception tree of the detector, documented in one place.
 
-DetectorError
-├── ConfigError          settings or YAML mapping invalid
-├── ParseError           a record could not be decoded into signals (carries ``reason``)
-├── StoreError           the incident store failed (database, migrations)
-├── StreamError          the Kafka broker or client failed (consume, commit, produce)
-├── RunbookError         a runbook definition or its rendering is invalid
-├── GpuError             NVML failed (detector.gpu.nvml; carries NVML's error name)
-├── ActuatorError        an actuator could not plan or apply a change (detector.actuators.base)
-└── ApprovalError        an approval or decision was refused (detector.runbooks.approvals)
+DetectorError                      root of every error raised on purpose; ``reason`` + ``detail``
+├── ConfigError                    settings or the YAML workload mapping are invalid
+├── ParseError                     a record could not be decoded into signals
+├── StoreError                     the incident store failed (database, migrations)
+├── StreamError                    the Kafka broker or client failed (poll, commit, produce)
+├── RunbookError                   a runbook definition or its rendering is invalid
+├── ApprovalError                  a decision (approve, deny, arm, disarm, kill switch) was refused
+├── GpuError                       NVML failed (``detector.gpu.nvml``; reason: NVML's error name)
+└── ActuatorError                  an actuator could not plan, apply, verify or revert a change
+    │                              (``detector.actuators.base``; reasons: ``actuators.base.Reason``)
+    ├── ActivationRefused          activation refused while the old configuration is still live
+    └── HttpCallError              an admin API call failed (``detector.actuators.http``)
+
+Every error is built the same way: ``SomeError(reason, detail="")``. ``reason`` is a short
+machine-friendly code where the raiser has one (``malformed_json``, ``not_found`` ...; errors
+raised with a single message carry that message as ``reason``); ``detail`` says the rest.
+``str(error)`` is ``"reason: detail"``, or ``reason`` alone. Third-party exceptions are
+translated at the adapter that meets them (``raise ... from exc``).
 """
 
 
 class DetectorError(Exception):
     """Root of every error the detector raises on purpose."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
 
 
 class ConfigError(DetectorError):
@@ -23,14 +37,9 @@ class ConfigError(DetectorError):
 class ParseError(DetectorError):
     """A record could not be turned into signals.
 
-    ``reason`` is a short machine-friendly code (``malformed_json``, ``unknown_format``,
-    ``missing_field`` ...); the message gives the detail.
+    ``reason``: ``malformed_json``, ``unknown_format``, ``missing_field`` ... (the dead letter's
+    reason); ``detail``: what was wrong.
     """
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 class StoreError(DetectorError):
@@ -43,3 +52,12 @@ class StreamError(DetectorError):
 
 class RunbookError(DetectorError):
     """A runbook definition is invalid or a parameter failed to render."""
+
+
+class ApprovalError(DetectorError):
+    """A decision was refused; nothing changed.
+
+    ``reason``: ``not_found`` (no such incident, step or workload), ``forbidden`` (not on the
+    approver allow-list), ``conflict`` (the step is not waiting for approval: not requested
+    yet, or already approved, denied or expired).
+    """

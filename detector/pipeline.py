@@ -1,4 +1,4 @@
-"""Replay recorded streams through the whole pipeline: parse, correlate, record.
+"""The pipeline: parse -> correlate -> record -> contain; replay of recorded streams through it.
 
 Each file is one stream, roughly in event-time order; the streams are merged by event
 time (a k-way merge, so memory stays bounded by the number of files), as a Kafka consumer
@@ -10,7 +10,6 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -19,18 +18,21 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from detector import db
-from detector.actuators.registry import step_actuators
 from detector.config import Settings, load_workload_map
 from detector.correlate.correlator import Correlator
+from detector.correlate.state import Decision
 from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init
 from detector.events.reader import iter_files, read_records
 from detector.events.sources.raw_text import LogIdentity
 from detector.incidents import service
-from detector.incidents.flows import IncidentFlows
-from detector.incidents.models import DeadLetter
-from detector.incidents.schemas import IncidentOut, VerdictOut
+from detector.incidents.flows import IncidentRecorder, answer, decision_time
+from detector.incidents.models import DeadLetter, Incident
+from detector.report.document import EventCounts, ReplayResult
+from detector.report.read import load_incidents, load_verdicts
+from detector.runbooks.bindings.registry import step_actuators
+from detector.runbooks.flows import ContainmentFlows
 from detector.runbooks.loader import load_runbook
 
 log = logging.getLogger(__name__)
@@ -39,27 +41,6 @@ COMMIT_EVERY = 5000  # records per database transaction
 MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
 JUMP_VOTES = 2  # records that must disagree with a jump before it is called broken
 MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
-
-
-@dataclass
-class EventCounts:
-    """How many records were read, parsed and rejected (by reason)."""
-
-    read: int = 0
-    parsed: int = 0
-    rejected: int = 0
-    signals: int = 0
-    unattributed: int = 0
-    rejected_by_reason: Counter[str] = field(default_factory=Counter)
-
-
-@dataclass
-class ReplayResult:
-    """What one replay found and stored."""
-
-    events: EventCounts
-    incidents: list[IncidentOut]
-    verdicts: list[VerdictOut]
 
 
 @slot_init
@@ -163,12 +144,32 @@ _parsed_time = attrgetter("time")  # the merge key, without a Python call per re
 
 
 @dataclass
+class Batch:
+    """The decisions of one observed signal, as they pass through the stages."""
+
+    decisions: list[Decision]
+    incidents: dict[str, Incident] = field(default_factory=dict)  # touched, by key
+
+
+BatchStage = Callable[[Batch, Session], None]
+
+
+@dataclass
 class Processor:
-    """Correlate parsed records and record the decisions: the stage shared by replay and run."""
+    """The stage shared by replay and run: correlate each signal, then pass its decisions
+    through the batch stages (``record`` -> ``contain``), in the caller's transaction.
+
+    ``clock`` is the event time reached (the latest decision's); ``seen`` and ``verdicts``
+    are the keys of the incidents and verdicts written, in order, for the replay's result.
+    """
 
     correlator: Correlator
-    flows: IncidentFlows
+    containment: ContainmentFlows
+    recorder: IncidentRecorder = field(default_factory=IncidentRecorder)
     counts: EventCounts = field(default_factory=EventCounts)
+    clock: float = 0.0
+    seen: dict[str, None] = field(default_factory=dict)
+    verdicts: dict[str, None] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Processor:
@@ -177,8 +178,13 @@ class Processor:
             settings.correlate, load_workload_map(settings.workloads_file), settings.cluster
         )
         runbook = load_runbook(settings.runbook_path)
-        flows = IncidentFlows.from_settings(runbook, settings, step_actuators(settings))
+        flows = ContainmentFlows.from_settings(runbook, settings, step_actuators(settings))
         return cls(correlator, flows)
+
+    @property
+    def stages(self) -> tuple[BatchStage, ...]:
+        """Return the stages a batch of decisions goes through, in order."""
+        return (self.record, self.contain)
 
     def process(self, parsed: Parsed, session: Session) -> DeadLetter | None:
         """Observe one record within the caller's transaction; return its new dead letter.
@@ -195,22 +201,60 @@ class Processor:
         for signal in parsed.signals:
             decisions = self.correlator.observe(signal)
             if decisions:
-                self.flows.apply(decisions, session=session, contexts=self.correlator.context)
+                batch = Batch(decisions)
+                for stage in self.stages:
+                    stage(batch, session)
         return None
 
+    def record(self, batch: Batch, session: Session) -> None:
+        """Write each decision to the incident store (incidents, verdicts, timeline)."""
+        for d in batch.decisions:
+            self.clock = max(self.clock, decision_time(d))
+            incident = self.recorder.record(d, session=session, contexts=self.correlator.context)
+            if incident is None:
+                self.verdicts[d.dedupe_key] = None  # type: ignore[union-attr]
+            else:
+                batch.incidents[incident.key] = incident
+                self.seen[incident.key] = None
+
+    def contain(self, batch: Batch, session: Session) -> None:
+        """Plan or re-plan the runbooks the decisions call for, then advance their steps."""
+        context = self.correlator.context
+        for d in batch.decisions:
+            incident = batch.incidents.get(getattr(d, "key", ""))
+            if incident is not None:
+                self.containment.follow(d, incident, context(incident.key), session=session)
+        for key, incident in batch.incidents.items():
+            self._advance(key, incident, session)
+
     def finish(self, session: Session) -> None:
-        """Answer the questions of the incidents touched so far; raises StoreError."""
-        self.flows.finish(
-            session=session, contexts=self.correlator.context, now=self.correlator.now
-        )
+        """Advance containment and answer the questions of every incident still held.
+
+        The correlator's clock moves the event time reached forward even when no decision
+        did (a resolved incident's lifts need time to pass). Raises StoreError.
+        """
+        self.clock = max(self.clock, self.correlator.now or 0.0)
+        for key, incident in list(self.recorder.incidents.items()):
+            ctx = self.correlator.context(key)
+            if ctx is not None:
+                self._advance(key, incident, session)
+                answer(incident, ctx, session=session)
+        self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
 
-    def result(self) -> ReplayResult:
-        """Return the counts, incidents and verdicts seen by this processor."""
+    def _advance(self, key: str, incident: Incident, session: Session) -> int:
+        ctx = self.correlator.context(key)
+        if ctx is None:
+            return 0
+        latest = max((s.time for s in ctx.signals), default=ctx.opened_at)
+        return self.containment.advance(incident, ctx, max(self.clock, latest), session=session)
+
+    def result(self, session: Session) -> ReplayResult:
+        """Return the counts and the incidents and verdicts written, read from the store."""
         return ReplayResult(
             self.counts,
-            [IncidentOut.model_validate(i) for i in self.flows.incidents.values()],
-            [VerdictOut.model_validate(v) for v in self.flows.verdicts.values()],
+            load_incidents(session=session, keys=list(self.seen)),
+            load_verdicts(session=session, dedupe_keys=list(self.verdicts)),
         )
 
 
@@ -241,7 +285,7 @@ def replay(
                 session.commit()
         processor.finish(session)
         session.commit()
-        result = processor.result()
+        result = processor.result(session)
         session.close()
         return result
     finally:

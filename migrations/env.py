@@ -13,8 +13,9 @@ from logging.config import fileConfig
 from alembic import context
 from alembic.util import CommandError
 
-from detector.db import make_engine
-from detector.incidents.models import Base
+import detector.incidents.models  # registers the incident tables on Base
+import detector.runbooks.models  # noqa: F401  (registers the runbook tables on Base)
+from detector.db import Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,1 +1,5 @@
-"""Actuators: the adapters that make runbook steps act, behind one interface (base.py)."""
+"""Actuators: adapters that change gateways and serving systems, behind one interface (base.py).
+
+They know nothing of runbooks or incidents; what a runbook step asks of them is translated by
+the step bindings of the runbooks package.
+"""

@@ -31,15 +31,61 @@ from typing import Any, ClassVar
 from detector.errors import DetectorError
 
 
+class Reason(StrEnum):
+    """Why an actuator operation failed: ``ActuatorError.reason`` and ``ActionResult.reason``.
+
+    A member equals its string, so stored results and their JSON carry the plain code.
+    """
+
+    # the request, the settings or the target
+    INVALID_REQUEST = "invalid_request"  # a bad value, step, plan or target: nothing was sent
+    NOT_CONFIGURED = "not_configured"  # the settings name no object for this step's workload
+    UNSUPPORTED = "unsupported"  # the object cannot be changed this way (shell string, valueFrom)
+    NOT_FOUND = "not_found"  # the object does not exist (HTTP 404 too)
+    # the actuator's own state
+    IO_ERROR = "io_error"  # an OSError from a hook (reading or writing a file)
+    LOCKED = "locked"  # another operation on the same target holds its lock
+    DRIFT = "drift"  # the live content is not the planned one (verify, a late write)
+    IRREVERSIBLE = "irreversible"  # the change cannot be undone (an evicted pod)
+    ERROR = "error"  # the step runner caught an exception from plan_step, apply or revert
+    # nginx
+    NOT_RUNNING = "not_running"  # no running nginx master (from its pid file)
+    BINARY_MISSING = "binary_missing"  # the nginx binary was not found
+    CONFIG_INVALID = "config_invalid"  # ``nginx -t`` rejected the written configuration
+    RELOAD_FAILED = "reload_failed"  # the reload failed or old workers still serve
+    # transport
+    TIMEOUT = "timeout"  # no answer (or no finished command or deploy) in time
+    UNREACHABLE = "unreachable"  # could not connect (admin APIs: or the connection failed)
+    CONNECTION_LOST = "connection_lost"  # the Kubernetes API connection broke mid-request
+    BAD_RESPONSE = "bad_response"  # an answer the actuator cannot use (not JSON, fields missing)
+    # HTTP error statuses of the admin APIs and the Kubernetes API
+    BAD_REQUEST = "bad_request"  # 400 or 422
+    FORBIDDEN = "forbidden"  # 401 or 403
+    NOT_ALLOWED = "not_allowed"  # 405
+    CONFLICT = "conflict"  # 409
+    THROTTLED = "throttled"  # 429
+    SERVER_ERROR = "server_error"  # 5xx
+    HTTP_ERROR = "http_error"  # any other 4xx
+    # refusals specific to one system
+    NO_ADMIN_LAYER = "no_admin_layer"  # Envoy has no admin runtime layer to write to
+    READ_ONLY = "read_only"  # a DB-less Kong refuses Admin API writes (405)
+    EXPLICIT_MODE_REQUIRED = "explicit_mode_required"  # Triton not in explicit model control
+    NOT_DECLARATIVE = "not_declarative"  # a Ray Serve app without a deployed_app_config
+    DEPLOY_FAILED = "deploy_failed"  # Ray Serve reports DEPLOY_FAILED
+    ROLLOUT_STALLED = "rollout_stalled"  # a Deployment rollout stopped progressing
+    PDB_BLOCKED = "pdb_blocked"  # a PodDisruptionBudget refused the eviction
+    NOT_ACCEPTED = "not_accepted"  # Envoy Gateway did not accept the BackendTrafficPolicy
+
+
 class ActuatorError(DetectorError):
     """An actuator could not plan, apply, verify or revert a change.
 
-    ``reason`` is a short machine-friendly code: ``invalid_request``, ``io_error``, ``locked``,
-    ``not_running``, ``config_invalid``, ``reload_failed``, ``timeout``, ``binary_missing``,
-    ``drift``; the message gives the detail.
+    ``reason`` says why, as a ``Reason`` member; the message gives the detail.
     """
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    reason: Reason
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
@@ -156,7 +202,7 @@ class Plan:
             summary = str(record.get("summary") or "")
             return cls(str(record["action"]), str(record["target"]), changes, summary)
         except (KeyError, TypeError) as exc:
-            raise ActuatorError("invalid_request", f"not a plan record: {exc!r}") from exc
+            raise ActuatorError(Reason.INVALID_REQUEST, f"not a plan record: {exc!r}") from exc
 
     def as_record(self) -> dict[str, Any]:
         """Return the plan as JSON-ready data (action, target, summary, diff, changes)."""
@@ -175,7 +221,7 @@ class ActionResult:
 
     ``changes`` are the changes made (``ok``), that would be made (``dry_run``), that were
     attempted (``failed``), or, for verify, the drift found (current -> planned). ``reason`` is
-    an ``ActuatorError`` code and ``error`` its message, both None unless ``failed``.
+    a ``Reason`` and ``error`` its message, both None unless ``failed``.
     ``restored`` is True when a failed operation left the previous state in place (nothing had
     been written, or every target was written back and, unless activation was refused
     outright, re-activated); False means the live state is unknown and needs a person.
@@ -187,7 +233,7 @@ class ActionResult:
     status: Status
     changes: tuple[Change, ...] = ()
     summary: str = ""
-    reason: str | None = None
+    reason: Reason | None = None
     error: str | None = None
     restored: bool = False
 
@@ -281,7 +327,7 @@ class Actuator(ABC):
         try:
             changes = tuple(Change(t, self.read(t), after) for t, after in desired.items())
         except OSError as exc:
-            raise ActuatorError("io_error", f"cannot read the current content: {exc}") from exc
+            raise ActuatorError(Reason.IO_ERROR, f"cannot read the current content: {exc}") from exc
         return Plan(self.action, self.target, changes, summary)
 
     def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
@@ -300,12 +346,12 @@ class Actuator(ABC):
                 drift = self._pending(plan)
                 if drift:
                     names = ", ".join(change.target for change in drift)
-                    raise ActuatorError("drift", f"not the planned content: {names}")
+                    raise ActuatorError(Reason.DRIFT, f"not the planned content: {names}")
                 self.validate()
                 self.check_live()
         except (ActuatorError, OSError) as exc:
             reason, error = _reason(exc)
-            changes = drift if reason == "drift" else ()
+            changes = drift if reason == Reason.DRIFT else ()
             return self._result(plan, Operation.VERIFY, Status.FAILED, changes, reason, error)
         return self._result(plan, Operation.VERIFY, Status.OK)
 
@@ -370,7 +416,7 @@ class Actuator(ABC):
         operation: Operation,
         status: Status,
         changes: tuple[Change, ...] = (),
-        reason: str | None = None,
+        reason: Reason | None = None,
         error: str | None = None,
     ) -> ActionResult:
         return ActionResult(
@@ -385,8 +431,8 @@ class Actuator(ABC):
         )
 
 
-def _reason(exc: ActuatorError | OSError) -> tuple[str, str]:
+def _reason(exc: ActuatorError | OSError) -> tuple[Reason, str]:
     """Return (reason code, message) for an error raised by an actuator hook."""
     if isinstance(exc, ActuatorError):
         return exc.reason, exc.detail or exc.reason
-    return "io_error", str(exc)
+    return Reason.IO_ERROR, str(exc)

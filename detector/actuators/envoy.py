@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from detector.actuators.base import ActuatorError, Plan
+from detector.actuators.base import ActuatorError, Plan, Reason
 from detector.actuators.http import (
     AdminApi,
     HttpActuator,
@@ -50,15 +50,13 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 NO_ADMIN_LAYER = "No admin layer specified"
 
 
 def _invalid(detail: str) -> ActuatorError:
-    return ActuatorError("invalid_request", detail)
+    return ActuatorError(Reason.INVALID_REQUEST, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +110,12 @@ def admin_values(runtime: Mapping[str, Any], keys: Sequence[str], layer: str) ->
     layers = runtime.get("layers")
     entries = runtime.get("entries")
     if not isinstance(layers, list) or not isinstance(entries, dict):
-        raise ActuatorError("bad_response", "GET /runtime has no layers list or entries object")
+        raise ActuatorError(
+            Reason.BAD_RESPONSE, "GET /runtime has no layers list or entries object"
+        )
     if layer not in layers:
         raise ActuatorError(
-            "no_admin_layer",
+            Reason.NO_ADMIN_LAYER,
             f"GET /runtime lists layers {layers}, no admin layer named {layer!r} "
             "(layered_runtime needs an admin_layer to accept runtime_modify)",
         )
@@ -145,7 +145,7 @@ class EnvoyLocalRateLimiter(HttpActuator):
     https://www.envoyproxy.io/docs/envoy/latest/operations/admin#post--runtime_modify
     """
 
-    action: ClassVar[str] = Action.ENABLE_RATE_LIMIT.value
+    action: ClassVar[str] = "enable_rate_limit"
 
     def __init__(
         self,
@@ -220,17 +220,6 @@ class EnvoyLocalRateLimiter(HttpActuator):
         except HttpCallError as exc:
             if NO_ADMIN_LAYER in exc.message:
                 raise HttpCallError(
-                    "no_admin_layer", exc.detail, status=exc.status, message=exc.message
+                    Reason.NO_ADMIN_LAYER, exc.detail, status=exc.status, message=exc.message
                 ) from exc
             raise
-
-
-def envoy_limit_from_step(step: PlannedStep) -> EnvoyRateLimit:
-    """Return the switch of a planned ``enable_rate_limit`` step: enabled and enforced 100%.
-
-    The step's ``limit_rps`` is not applied: the token bucket comes with the filter config.
-    Raises ActuatorError(``invalid_request``) for another action.
-    """
-    if step.action is not Action.ENABLE_RATE_LIMIT:
-        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit")
-    return EnvoyRateLimit()

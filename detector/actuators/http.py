@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from detector.actuators.base import ActionResult, Actuator, ActuatorError, Plan, Status
+from detector.actuators.base import ActionResult, Actuator, ActuatorError, Plan, Reason, Status
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +53,22 @@ RETRY_STATUSES = frozenset({502, 504})
 READ_METHODS = frozenset({"GET", "HEAD"})
 _MESSAGE_CHARS = 300
 _REASONS = {
-    400: "bad_request",
-    401: "forbidden",
-    403: "forbidden",
-    404: "not_found",
-    405: "not_allowed",
-    409: "conflict",
-    422: "bad_request",
-    429: "throttled",
+    400: Reason.BAD_REQUEST,
+    401: Reason.FORBIDDEN,
+    403: Reason.FORBIDDEN,
+    404: Reason.NOT_FOUND,
+    405: Reason.NOT_ALLOWED,
+    409: Reason.CONFLICT,
+    422: Reason.BAD_REQUEST,
+    429: Reason.THROTTLED,
 }
 
 
-def reason_for_status(status: int) -> str:
-    """Return the ActuatorError reason for an HTTP error status (400-599)."""
+def reason_for_status(status: int) -> Reason:
+    """Return the ``Reason`` of an HTTP error status (400-599)."""
     if status >= 500:
-        return "server_error"
-    return _REASONS.get(status, "http_error")
+        return Reason.SERVER_ERROR
+    return _REASONS.get(status, Reason.HTTP_ERROR)
 
 
 def render_json(value: Any) -> str | None:
@@ -85,7 +85,7 @@ def parse_json(text: str | None, what: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ActuatorError("invalid_request", f"{what} is not JSON: {exc}") from exc
+        raise ActuatorError(Reason.INVALID_REQUEST, f"{what} is not JSON: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +110,10 @@ class AdminApi:
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ActuatorError("invalid_request", f"not an http(s) URL: {self.base_url!r}")
+            raise ActuatorError(Reason.INVALID_REQUEST, f"not an http(s) URL: {self.base_url!r}")
         if not self.timeout_s > 0 or self.retries < 0 or self.backoff_s < 0:
             raise ActuatorError(
-                "invalid_request",
+                Reason.INVALID_REQUEST,
                 f"timeout_s must be > 0, retries and backoff_s >= 0 ({self.base_url})",
             )
 
@@ -133,7 +133,7 @@ class HttpCallError(ActuatorError):
 
     def __init__(
         self,
-        reason: str,
+        reason: Reason,
         detail: str,
         *,
         status: int | None = None,
@@ -236,14 +236,18 @@ def _transport_error(
 ) -> HttpCallError:
     tries = f" ({attempts} attempts)" if attempts > 1 else ""
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-        return HttpCallError("timeout", f"{label} could not connect within {timeout_s:g} s{tries}")
+        return HttpCallError(
+            Reason.TIMEOUT, f"{label} could not connect within {timeout_s:g} s{tries}"
+        )
     if isinstance(exc, httpx.TimeoutException):
         return HttpCallError(
-            "timeout", f"{label} got no answer within {timeout_s:g} s{tries}", in_doubt=True
+            Reason.TIMEOUT, f"{label} got no answer within {timeout_s:g} s{tries}", in_doubt=True
         )
     if isinstance(exc, httpx.ConnectError):
-        return HttpCallError("unreachable", f"{label} could not connect: {exc}{tries}")
-    return HttpCallError("unreachable", f"{label} lost the connection: {exc}{tries}", in_doubt=True)
+        return HttpCallError(Reason.UNREACHABLE, f"{label} could not connect: {exc}{tries}")
+    return HttpCallError(
+        Reason.UNREACHABLE, f"{label} lost the connection: {exc}{tries}", in_doubt=True
+    )
 
 
 def _answer(response: httpx.Response, label: str) -> Any:
@@ -268,7 +272,9 @@ def _answer(response: httpx.Response, label: str) -> Any:
 def expect_dict(value: Any, label: str) -> dict[str, Any]:
     """Return ``value`` when it is a JSON object; else ActuatorError(``bad_response``)."""
     if not isinstance(value, dict):
-        raise ActuatorError("bad_response", f"{label}: expected a JSON object, got {value!r:.200}")
+        raise ActuatorError(
+            Reason.BAD_RESPONSE, f"{label}: expected a JSON object, got {value!r:.200}"
+        )
     return value
 
 
@@ -368,7 +374,7 @@ class HttpActuator(Actuator):
             state = self.fetch(target)
             self.send(target, state, before)
             if self.read(target) != before:
-                raise ActuatorError("drift", f"{target} did not take its previous content")
+                raise ActuatorError(Reason.DRIFT, f"{target} did not take its previous content")
         except ActuatorError as undo_exc:
             self._unsettled.append(f"{target}: undoing a late write failed: {undo_exc}")
             return exc
@@ -391,7 +397,7 @@ class HttpActuator(Actuator):
     def lock(self) -> Iterator[None]:
         """Serialize operations of this actuator object; ActuatorError(``locked``) if busy."""
         if not self._mutex.acquire(blocking=False):
-            raise ActuatorError("locked", f"another operation on {self.target} is running")
+            raise ActuatorError(Reason.LOCKED, f"another operation on {self.target} is running")
         try:
             yield
         finally:

@@ -20,7 +20,7 @@ as JSON, or absent. Calls (paths relative to ``AdminApi.base_url``; a workspace 
 Revert restores the fields read before the apply, or deletes a plugin that did not exist.
 A DB-less Kong answers 405 to every write (reason ``read_only``): change its declarative
 config instead. With ``policy: local`` each Kong node counts on its own: the limit is per
-node, so divide the workload's rate by the number of nodes (``limit_from_step(nodes=)``).
+node, so a workload's rate is divided by the number of nodes (``containment.kong.nodes``).
 Sources: https://docs.konghq.com/hub/kong-inc/rate-limiting/ (configuration, ``error_code``,
 ordering of the windows), https://docs.konghq.com/gateway/latest/admin-api/ (plugins:
 add, list, update, delete; pagination; errors).
@@ -28,13 +28,12 @@ add, list, update, delete; pagination; errors).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
-from detector.actuators.base import ActuatorError, Change, Plan
+from detector.actuators.base import ActuatorError, Change, Plan, Reason
 from detector.actuators.http import (
     AdminApi,
     HttpActuator,
@@ -43,9 +42,6 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
-from detector.capacity.numbers import coerce_int
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 PLUGIN = "rate-limiting"
 POLICIES = ("local", "cluster", "redis")
@@ -55,7 +51,7 @@ _MAX_PAGES = 50
 
 
 def _invalid(detail: str) -> ActuatorError:
-    return ActuatorError("invalid_request", detail)
+    return ActuatorError(Reason.INVALID_REQUEST, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,21 +128,6 @@ class KongLimit:
         return f"{PLUGIN} {' '.join(windows)} by {self.limit_by} (policy {self.policy})"
 
 
-def limit_from_step(step: PlannedStep, *, nodes: int = 1, policy: str = "local") -> KongLimit:
-    """Return the KongLimit of a planned ``enable_rate_limit`` step: ``limit_rps`` per node.
-
-    With ``policy: local`` each of ``nodes`` Kong nodes counts alone, so the per-node limit is
-    ``floor(limit_rps / nodes)``, never under 1. Raises ActuatorError(``invalid_request``).
-    """
-    if step.action is not Action.ENABLE_RATE_LIMIT:
-        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit")
-    rate = coerce_int(step.params.get("limit_rps"))
-    if rate is None or rate < 1 or nodes < 1:
-        raise _invalid(f"step {step.step_id!r} needs an integer limit_rps >= 1 and nodes >= 1")
-    per_node = rate if policy != "local" else max(1, math.floor(rate / nodes))
-    return KongLimit(second=per_node, policy=policy)
-
-
 def find_plugin(plugins: Iterable[Any]) -> dict[str, Any] | None:
     """Return the scope's own ``rate-limiting`` plugin: not tied to a consumer (group)."""
     for plugin in plugins:
@@ -189,7 +170,7 @@ class KongRateLimiter(HttpActuator):
     https://docs.konghq.com/gateway/latest/admin-api/ (plugin objects, errors).
     """
 
-    action: ClassVar[str] = Action.ENABLE_RATE_LIMIT.value
+    action: ClassVar[str] = "enable_rate_limit"
 
     def __init__(
         self, api: AdminApi, scopes: Sequence[KongScope], *, settle_s: float = 5.0
@@ -242,7 +223,9 @@ class KongRateLimiter(HttpActuator):
             if found is not None:
                 return found
             path = page.get("next") or None
-        raise ActuatorError("bad_response", f"{scope.label}: over {_MAX_PAGES} pages of plugins")
+        raise ActuatorError(
+            Reason.BAD_RESPONSE, f"{scope.label}: over {_MAX_PAGES} pages of plugins"
+        )
 
     def render(self, target: str, state: Any) -> str | None:
         """Return the plugin's managed fields as JSON text (None when there is no plugin)."""
@@ -270,7 +253,7 @@ class KongRateLimiter(HttpActuator):
         except HttpCallError as exc:
             if exc.status == 405:
                 raise HttpCallError(
-                    "read_only",
+                    Reason.READ_ONLY,
                     f"{exc.detail} (a DB-less Kong's Admin API is read-only: change its "
                     "declarative configuration instead)",
                     status=exc.status,

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from detector.actuators.base import ActuatorError, Plan
+from detector.actuators.base import ActuatorError, Plan, Reason
 from detector.actuators.http import (
     AdminApi,
     HttpActuator,
@@ -40,9 +40,6 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
-from detector.capacity.numbers import coerce_int
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 PATH = "/api/serve/applications/"
 TOP_LEVEL = ("proxy_location", "http_options", "grpc_options", "target_capacity")
@@ -52,7 +49,7 @@ _POLL_S = 0.1
 
 
 def _invalid(detail: str) -> ActuatorError:
-    return ActuatorError("invalid_request", detail)
+    return ActuatorError(Reason.INVALID_REQUEST, detail)
 
 
 def app_details(details: Mapping[str, Any], app: str) -> dict[str, Any]:
@@ -63,7 +60,9 @@ def app_details(details: Mapping[str, Any], app: str) -> dict[str, Any]:
     apps = details.get("applications")
     if not isinstance(apps, dict) or not isinstance(apps.get(app), dict):
         names = sorted(apps) if isinstance(apps, dict) else []
-        raise ActuatorError("not_found", f"Serve application {app!r} not deployed (has {names})")
+        raise ActuatorError(
+            Reason.NOT_FOUND, f"Serve application {app!r} not deployed (has {names})"
+        )
     return apps[app]
 
 
@@ -72,7 +71,7 @@ def app_config(details: Mapping[str, Any], app: str) -> dict[str, Any]:
     config = app_details(details, app).get("deployed_app_config")
     if not isinstance(config, dict):
         raise ActuatorError(
-            "not_declarative",
+            Reason.NOT_DECLARATIVE,
             f"Serve application {app!r} has no deployed_app_config (deployed with serve.run): "
             "the REST API cannot change it without replacing it",
         )
@@ -131,7 +130,7 @@ class RayServeOngoingRequests(HttpActuator):
     https://docs.ray.io/en/latest/serve/api/index.html#serve-rest-api
     """
 
-    action: ClassVar[str] = Action.LOWER_BATCH_CEILING.value
+    action: ClassVar[str] = "lower_batch_ceiling"
 
     def __init__(
         self,
@@ -197,13 +196,13 @@ class RayServeOngoingRequests(HttpActuator):
             if status == "DEPLOY_FAILED":
                 message = str(details.get("message") or "")[:300]
                 raise ActuatorError(
-                    "deploy_failed", f"Serve application {self.app!r} DEPLOY_FAILED: {message}"
+                    Reason.DEPLOY_FAILED, f"Serve application {self.app!r} DEPLOY_FAILED: {message}"
                 )
             if status not in WAITING:
                 return
             if time.monotonic() >= deadline:
                 raise ActuatorError(
-                    "timeout",
+                    Reason.TIMEOUT,
                     f"Serve application {self.app!r} still {status} after "
                     f"{self.deploy_timeout_s:g} s",
                 )
@@ -217,20 +216,7 @@ class RayServeOngoingRequests(HttpActuator):
         live = (deployments.get(self.deployment) or {}).get("deployment_config") or {}
         if wanted is not None and live.get(FIELD) != wanted:
             raise ActuatorError(
-                "drift",
+                Reason.DRIFT,
                 f"{self.app}/{self.deployment} runs with {FIELD}={live.get(FIELD)}, "
                 f"configured {wanted}",
             )
-
-
-def ongoing_requests_from_step(step: PlannedStep) -> int:
-    """Return ``max_ongoing_requests`` of a planned ``lower_batch_ceiling`` step.
-
-    The step's computed ``new_ceiling`` (>= 1). Raises ActuatorError(``invalid_request``).
-    """
-    if step.action is not Action.LOWER_BATCH_CEILING:
-        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not a ceiling")
-    value = coerce_int(step.params.get("new_ceiling"))
-    if value is None or value < 1:
-        raise _invalid(f"step {step.step_id!r} has no integer new_ceiling >= 1")
-    return value

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from detector.actuators.base import ActuatorError, Change, Plan
+from detector.actuators.base import ActuatorError, Change, Plan, Reason
 from detector.actuators.http import (
     AdminApi,
     HttpActuator,
@@ -41,9 +41,6 @@ from detector.actuators.http import (
     parse_json,
     render_json,
 )
-from detector.capacity.numbers import coerce_int
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 BATCHING_FIELDS = ("max_queue_delay_microseconds", "preferred_batch_size", "default_queue_policy")
 NOT_EXPLICIT = "explicit model load / unload is not allowed"
@@ -51,7 +48,7 @@ TIMEOUT_ACTIONS = ("REJECT", "DELAY")
 
 
 def _invalid(detail: str) -> ActuatorError:
-    return ActuatorError("invalid_request", detail)
+    return ActuatorError(Reason.INVALID_REQUEST, detail)
 
 
 def _int(value: Any, name: str, low: int) -> int:
@@ -202,7 +199,7 @@ class TritonBatchCeiling(HttpActuator):
     https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_model_repository.md
     """
 
-    action: ClassVar[str] = Action.LOWER_BATCH_CEILING.value
+    action: ClassVar[str] = "lower_batch_ceiling"
 
     def __init__(
         self,
@@ -271,7 +268,7 @@ class TritonBatchCeiling(HttpActuator):
         except HttpCallError as exc:
             if NOT_EXPLICIT in exc.message:
                 raise HttpCallError(
-                    "explicit_mode_required",
+                    Reason.EXPLICIT_MODE_REQUIRED,
                     f"{exc.detail} (start Triton with --model-control-mode=explicit)",
                     status=exc.status,
                     message=exc.message,
@@ -283,18 +280,3 @@ class TritonBatchCeiling(HttpActuator):
         for http in self.servers.values():
             path = f"/v2/models/{self._path}/ready"
             http.call("GET", path, what=f"readiness of model {self.model}", idempotent=True)
-
-
-def batching_from_step(step: PlannedStep, *, max_queue_size: int | None = None) -> TritonBatching:
-    """Return the Triton ceilings of a planned ``lower_batch_ceiling`` step.
-
-    ``max_batch_size`` is the step's computed ``new_ceiling``; ``max_queue_size`` (when given)
-    bounds the queue with ``REJECT`` on timeout. Raises ActuatorError(``invalid_request``).
-    """
-    if step.action is not Action.LOWER_BATCH_CEILING:
-        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not a ceiling")
-    size = coerce_int(step.params.get("new_ceiling"))
-    if size is None:
-        raise _invalid(f"step {step.step_id!r} has no integer new_ceiling")
-    policy = None if max_queue_size is None else QueuePolicy(max_queue_size=max_queue_size)
-    return TritonBatching(size, default_queue_policy=policy)

@@ -6,7 +6,6 @@ approval); 2 error (unknown incident or step, bad settings, database failure).
 
 from __future__ import annotations
 
-import getpass
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,9 +17,9 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.cli.settings import cli_settings
 from detector.config import Settings
-from detector.errors import DetectorError
-from detector.runbooks import approvals
-from detector.runbooks.approvals import ApprovalError
+from detector.errors import ApprovalError, DetectorError
+from detector.runbooks import approvals, flows
+from detector.runbooks.flows import DecisionKind, DecisionRequest
 
 T = TypeVar("T")
 DbOption = Annotated[
@@ -49,35 +48,43 @@ def _run(database_url: str | None, work: Callable[[Settings, Session], T]) -> T:
         with _store(settings) as session:
             return work(settings, session)
     except ApprovalError as exc:
-        typer.echo(
-            f"refused: {exc.detail}" if exc.code != "not_found" else f"error: {exc}", err=True
-        )
-        raise typer.Exit(2 if exc.code == "not_found" else 1) from exc
+        refused = exc.reason != "not_found"
+        typer.echo(f"refused: {exc.detail}" if refused else f"error: {exc}", err=True)
+        raise typer.Exit(1 if refused else 2) from exc
     except DetectorError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
 
-def _decide(incident: str, step: str, who: str, reason: str, url: str | None, ok: bool) -> None:
+def _decide(request: DecisionRequest, url: str | None) -> None:
+    """Carry out ``request`` through the one decide flow and print what it changed."""
+
     def work(settings: Settings, session: Session) -> str:
-        allowed = settings.containment.approvers
-        if not allowed:
-            raise ApprovalError(
-                "forbidden", "no approvers configured: set DETECTOR_CONTAINMENT__APPROVERS"
-            )
-        row = approvals.decide(
-            session=session,
-            incident_ref=incident,
-            step_ref=step,
-            approve=ok,
-            approver=who,
-            via="cli",
-            approvers=allowed,
-            reason=reason,
-        )
-        return f"{row.status}: step {row.position} {row.step_id} of {incident} by {who}"
+        done = flows.decide(request, session=session, approvers=settings.containment.approvers)
+        row = done.approval
+        if row is not None:
+            step = f"step {row.position} {row.step_id} of {request.incident}"
+            return f"{row.status}: {step} by {row.decided_by}"
+        control = done.control
+        assert control is not None
+        if request.kind is DecisionKind.ARM:
+            unless = "unless DETECTOR_DRY_RUN or the kill switch"
+            return f"armed: {control.scope} may act for real ({unless})"
+        if request.kind is DecisionKind.DISARM:
+            return f"disarmed: {control.scope} is dry-run only"
+        return _kill_switch_line(settings, session)
 
     typer.echo(_run(url, work))
+
+
+def _kill_switch_line(settings: Settings, session: Session) -> str:
+    stored = approvals.control(
+        session=session, scope=approvals.GLOBAL_SCOPE, name=approvals.KILL_SWITCH
+    )
+    setting = settings.containment.kill_switch
+    on = bool(stored) or setting
+    where = "the setting DETECTOR_CONTAINMENT__KILL_SWITCH" if setting else "the store"
+    return f"kill switch {'on' if on else 'off'}" + (f" ({where})" if on else "")
 
 
 def approve_cmd(
@@ -88,7 +95,8 @@ def approve_cmd(
     database_url: DbOption = None,
 ) -> None:
     """Approve a step waiting for approval; the detector applies it at its next pass."""
-    _decide(incident, step, who, reason, database_url, True)
+    request = DecisionRequest(DecisionKind.APPROVE, "cli", who, reason, incident, step)
+    _decide(request, database_url)
 
 
 def deny_cmd(
@@ -99,21 +107,8 @@ def deny_cmd(
     database_url: DbOption = None,
 ) -> None:
     """Deny a step waiting for approval: nothing is applied, the next step takes over."""
-    _decide(incident, step, who, reason, database_url, False)
-
-
-def _arm(workload: str, armed: bool, who: str | None, reason: str, url: str | None) -> None:
-    def work(_: Settings, session: Session) -> str:
-        scope = approvals.workload_scope(workload)
-        by = who or getpass.getuser()
-        approvals.set_control(
-            session=session, scope=scope, name=approvals.ARMED, enabled=armed, by=by, reason=reason
-        )
-        if armed:
-            return f"armed: {scope} may act for real (unless DETECTOR_DRY_RUN or the kill switch)"
-        return f"disarmed: {scope} is dry-run only"
-
-    typer.echo(_run(url, work))
+    request = DecisionRequest(DecisionKind.DENY, "cli", who, reason, incident, step)
+    _decide(request, database_url)
 
 
 def arm_cmd(
@@ -123,7 +118,8 @@ def arm_cmd(
     database_url: DbOption = None,
 ) -> None:
     """Let containment act for real on a workload (it is dry-run until armed)."""
-    _arm(workload, True, who, reason, database_url)
+    request = DecisionRequest(DecisionKind.ARM, "cli", who or "", reason, workload=workload)
+    _decide(request, database_url)
 
 
 def disarm_cmd(
@@ -133,7 +129,8 @@ def disarm_cmd(
     database_url: DbOption = None,
 ) -> None:
     """Make a workload dry-run only again (wins over DETECTOR_CONTAINMENT__ARMED_WORKLOADS)."""
-    _arm(workload, False, who, reason, database_url)
+    request = DecisionRequest(DecisionKind.DISARM, "cli", who or "", reason, workload=workload)
+    _decide(request, database_url)
 
 
 def kill_switch_cmd(
@@ -147,25 +144,11 @@ def kill_switch_cmd(
         typer.echo("error: STATE must be on, off or status", err=True)
         raise typer.Exit(2)
 
-    def work(settings: Settings, session: Session) -> str:
-        if state != "status":
-            approvals.set_control(
-                session=session,
-                scope=approvals.GLOBAL_SCOPE,
-                name=approvals.KILL_SWITCH,
-                enabled=state == "on",
-                by=who or getpass.getuser(),
-                reason=reason,
-            )
-        stored = approvals.control(
-            session=session, scope=approvals.GLOBAL_SCOPE, name=approvals.KILL_SWITCH
-        )
-        setting = settings.containment.kill_switch
-        on = bool(stored) or setting
-        where = "the setting DETECTOR_CONTAINMENT__KILL_SWITCH" if setting else "the store"
-        return f"kill switch {'on' if on else 'off'}" + (f" ({where})" if on else "")
-
-    typer.echo(_run(database_url, work))
+    if state == "status":
+        typer.echo(_run(database_url, _kill_switch_line))
+        return
+    kind = DecisionKind.KILL_SWITCH_ON if state == "on" else DecisionKind.KILL_SWITCH_OFF
+    _decide(DecisionRequest(kind, "cli", who or "", reason), database_url)
 
 
 def serve_cmd(

@@ -23,14 +23,15 @@ from detector.cli.approvals import (
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
 from detector.cli.gpu import gpu_sample_cmd
-from detector.cli.report import render_report, to_document
+from detector.cli.report import render_report
 from detector.cli.settings import cli_settings as _settings
 from detector.cli.stream import incidents_cmd, produce_cmd, run_cmd
 from detector.config import Settings
 from detector.errors import DetectorError
 from detector.events.reader import total_bytes
 from detector.events.sources.raw_text import LogIdentity
-from detector.pipeline import ReplayResult, replay
+from detector.pipeline import replay
+from detector.report.document import ReplayResult, to_document
 
 app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
 PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this

@@ -15,12 +15,11 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from detector import db
-from detector.cli.report import incident_document
 from detector.cli.settings import cli_settings
 from detector.config import KafkaSettings
 from detector.errors import ConfigError, DetectorError
-from detector.incidents import service
-from detector.incidents.schemas import IncidentOut
+from detector.report.document import incident_document
+from detector.report.read import load_incidents
 from detector.stream.app import produce_files, run_stream
 
 DbOption = Annotated[
@@ -114,8 +113,8 @@ def incidents_cmd(
         try:
             with db.session_factory(engine)() as session:
                 incidents = [
-                    incident_document(IncidentOut.model_validate(i).model_dump(mode="json"))
-                    for i in service.list_incidents(session=session)
+                    incident_document(i.model_dump(mode="json"))
+                    for i in load_incidents(session=session)
                 ]
         finally:
             engine.dispose()

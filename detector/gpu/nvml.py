@@ -49,13 +49,13 @@ _LIBRARY_MISMATCH: type[Exception] = getattr(pynvml, "NVMLLibraryMismatchError",
 class GpuError(DetectorError):
     """NVML failed; ``reason`` is NVML's error name (``NVML_ERROR_LIBRARY_NOT_FOUND`` ...).
 
-    Belongs to the tree in ``detector.errors`` (a subclass per package).
+    Belongs to the tree in ``detector.errors`` (a subclass per package). It reads like NVML's
+    own messages: ``detail (reason)``.
     """
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{detail} ({reason})" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+    def __str__(self) -> str:
+        """Return ``detail (reason)``, or the reason alone."""
+        return f"{self.detail} ({self.reason})" if self.detail else self.reason
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Pydantic "out" models of the incident store, read from the ORM rows (``from_attributes``).
 
-Used by the CLI's ``--json`` output and the web UI: ``IncidentOut.model_validate(incident)``
-inside the session that loaded ``incident`` (relationships load lazily). Times are
+The read model (``detector.report``) composes them with the runbook's
+(``detector.runbooks.schemas``) into one incident document, read inside the session that
+loaded the rows (relationships load lazily). Times are
 timezone-aware UTC datetimes (ISO 8601 ending in ``Z`` in JSON); a source position is its
 ``str(SourcePos)`` form (``path:line`` or ``topic[partition]@offset``).
 """
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 
-class _Out(BaseModel):
+class Out(BaseModel):
     """Base of the out models: read from attributes, immutable."""
 
     model_config = ConfigDict(from_attributes=True, frozen=True)
@@ -28,7 +29,7 @@ def _source_str(value: Any) -> Any:
 SourceText = Annotated[str, BeforeValidator(_source_str)]
 
 
-class VictimOut(_Out):
+class VictimOut(Out):
     """A victim pod in order of failure (``position`` is 1-based)."""
 
     pod: str
@@ -36,7 +37,7 @@ class VictimOut(_Out):
     first_oom_at: datetime
 
 
-class EvidenceOut(_Out):
+class EvidenceOut(Out):
     """A summary of one piece of evidence (without its raw text and attributes)."""
 
     id: int
@@ -47,7 +48,7 @@ class EvidenceOut(_Out):
     source: SourceText
 
 
-class TimelineEntryOut(_Out):
+class TimelineEntryOut(Out):
     """One timeline line; ``detail`` is a step's structured entry (actor, status, diff ...)."""
 
     id: int
@@ -58,48 +59,7 @@ class TimelineEntryOut(_Out):
     detail: dict[str, Any] | None = None
 
 
-class ApprovalOut(_Out):
-    """The approval of one step: ``pending``, ``approved``, ``denied`` or ``expired``."""
-
-    step_id: str
-    position: int
-    policy: str
-    approver_group: str | None
-    status: str
-    requested_at: datetime
-    expires_at: datetime | None
-    decided_at: datetime | None
-    decided_by: str | None
-    via: str | None
-    reason: str
-
-
-class StepOut(_Out):
-    """One runbook step and its state."""
-
-    position: int
-    action: str
-    title: str
-    status: str
-    params: dict[str, Any]
-    approval: str
-    result: dict[str, Any] | None
-    updated_at: datetime
-
-
-class RunOut(_Out):
-    """One runbook run with its steps in order."""
-
-    id: int
-    runbook: str
-    version: str
-    mode: str
-    status: str
-    created_at: datetime
-    steps: list[StepOut]
-
-
-class QuestionOut(_Out):
+class QuestionOut(Out):
     """An on-call question, its answer when the evidence gives one, and what to check."""
 
     qkey: str
@@ -110,7 +70,7 @@ class QuestionOut(_Out):
     answered_at: datetime | None
 
 
-class IncidentSummaryOut(_Out):
+class IncidentSummaryOut(Out):
     """An incident without its children, for lists."""
 
     id: int
@@ -126,18 +86,7 @@ class IncidentSummaryOut(_Out):
     resolved_at: datetime | None
 
 
-class IncidentOut(IncidentSummaryOut):
-    """An incident with its victims, evidence, timeline, runs, questions and approvals."""
-
-    victims: list[VictimOut]
-    evidence: list[EvidenceOut]
-    timeline: list[TimelineEntryOut]
-    runs: list[RunOut]
-    questions: list[QuestionOut]
-    approvals: list[ApprovalOut] = []
-
-
-class VerdictOut(_Out):
+class VerdictOut(Out):
     """A recorded "not this pattern" verdict."""
 
     id: int
@@ -150,7 +99,7 @@ class VerdictOut(_Out):
     source: SourceText
 
 
-class DeadLetterOut(_Out):
+class DeadLetterOut(Out):
     """A dead letter without its raw bytes (``raw_size_bytes`` gives their original size)."""
 
     id: int

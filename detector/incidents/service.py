@@ -8,57 +8,44 @@ of the same input finds the existing row instead of creating a second one, even 
 sessions race. Times come in as Unix seconds (floats, UTC) from the pure core.
 
 Database failures are raised as ``detector.errors.StoreError`` (the session must then be
-rolled back); an unknown stage, evidence kind, timeline kind, run mode or step status is a
-programming error and raises ``ValueError``.
+rolled back); an unknown stage, evidence kind or timeline kind is a programming error and
+raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import time as _clock
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from detector.db import clean_json, clean_text, insert_ignore, store_errors
+from detector.correlate.state import Stage
+from detector.db import (
+    clean_json,
+    clean_text,
+    get_or_insert,
+    insert_ignore,
+    store_errors,
+    to_datetime,
+)
 from detector.events.model import SourcePos
 from detector.incidents.models import (
     FILE_PARTITION,
     RAW_LIMIT_BYTES,
-    Base,
     DeadLetter,
     Evidence,
     EvidenceKind,
     Incident,
     IncidentPod,
     Question,
-    RunbookRun,
-    RunbookStep,
-    RunMode,
-    Stage,
-    StepStatus,
     TimelineEntry,
     TimelineKind,
     Verdict,
-    to_datetime,
 )
 
-M = TypeVar("M", bound=Base)
-
 DETAIL_LIMIT_CHARS = 4096  # dead-letter detail is truncated to this length
-
-
-def _get_or_insert(
-    session: Session, model: type[M], values: dict[str, Any], keys: list[str]
-) -> tuple[M, bool]:
-    """Return the row of ``model`` with the unique ``keys`` of ``values`` and whether it is new."""
-    stmt = select(model).filter_by(**{key: values[key] for key in keys})
-    row = session.scalars(stmt).one_or_none()
-    if row is not None:
-        return row, False
-    inserted = insert_ignore(session, model, values, keys)
-    return session.scalars(stmt).one(), inserted
 
 
 def _source(source: SourcePos) -> dict[str, Any]:
@@ -104,7 +91,7 @@ def get_or_create_incident(
         "updated_at": opened,
         "resolved_at": opened if stage == Stage.RESOLVED else None,
     }
-    return _get_or_insert(session, Incident, values, ["key"])[0]
+    return get_or_insert(session, Incident, values, ["key"])[0]
 
 
 @store_errors
@@ -174,7 +161,7 @@ def add_evidence(
         "attrs": clean_json(dict(attrs)),
     }
     keys = ["incident_id", "kind", "source_origin", "source_partition", "source_position"]
-    row, inserted = _get_or_insert(session, Evidence, values, keys)
+    row, inserted = get_or_insert(session, Evidence, values, keys)
     if inserted:
         session.expire(incident, ["evidence"])
         _touch(incident, time)
@@ -213,7 +200,7 @@ def add_timeline_entry(
         "dedupe_key": dedupe_key,
         "detail": clean_json(dict(detail)) if detail is not None else None,
     }
-    row, inserted = _get_or_insert(session, TimelineEntry, values, ["incident_id", "dedupe_key"])
+    row, inserted = get_or_insert(session, TimelineEntry, values, ["incident_id", "dedupe_key"])
     if not inserted:
         return None
     session.expire(incident, ["timeline"])
@@ -244,101 +231,7 @@ def record_verdict(
         **_source(source),
         "dedupe_key": dedupe_key,
     }
-    return _get_or_insert(session, Verdict, values, ["dedupe_key"])[0]
-
-
-@store_errors
-def get_or_create_run(
-    *,
-    session: Session,
-    incident: Incident,
-    runbook: str,
-    version: str,
-    mode: str,
-    time: float | None = None,
-) -> RunbookRun:
-    """Return the incident's run of ``runbook``, creating it (status ``planned``) when new.
-
-    ``time`` (Unix seconds) stamps ``created_at``; the wall clock when omitted.
-    """
-    values = {
-        "incident_id": incident.id,
-        "runbook": runbook,
-        "version": version,
-        "mode": RunMode(mode).value,
-        "status": "planned",
-        "created_at": to_datetime(_clock.time() if time is None else time),
-    }
-    run, inserted = _get_or_insert(session, RunbookRun, values, ["incident_id", "runbook"])
-    if inserted:
-        session.expire(incident, ["runs"])
-    return run
-
-
-@store_errors
-def set_run_status(*, session: Session, run: RunbookRun, status: str) -> bool:
-    """Set the status of ``run``; return False when unchanged."""
-    if run.status == status:
-        return False
-    run.status = status
-    session.flush()
-    return True
-
-
-@store_errors
-def upsert_step(
-    *,
-    session: Session,
-    run: RunbookRun,
-    position: int,
-    action: str,
-    title: str,
-    status: str,
-    params: Mapping[str, Any],
-    approval: str,
-    result: Mapping[str, Any] | None = None,
-    time: float | None = None,
-) -> RunbookStep:
-    """Create or update the step of ``run`` at ``position`` with these values.
-
-    A plain upsert: whether a status may change (e.g. not back from ``succeeded``) is the
-    caller's policy. ``time`` (Unix seconds) stamps ``updated_at``; the wall clock when omitted.
-    """
-    fields: dict[str, Any] = {
-        "action": action,
-        "title": title,
-        "status": StepStatus(status).value,
-        "params": clean_json(dict(params)),
-        "approval": approval,
-        "result": clean_json(dict(result)) if result is not None else None,
-    }
-    now = to_datetime(_clock.time() if time is None else time)
-    values = {"run_id": run.id, "position": position, "updated_at": now, **fields}
-    step, inserted = _get_or_insert(session, RunbookStep, values, ["run_id", "position"])
-    if inserted:
-        session.expire(run, ["steps"])
-    elif any(getattr(step, name) != value for name, value in fields.items()):
-        for name, value in fields.items():
-            setattr(step, name, value)
-        step.updated_at = now
-        session.flush()
-    return step
-
-
-@store_errors
-def set_step_state(
-    *,
-    session: Session,
-    step: RunbookStep,
-    status: str,
-    result: Mapping[str, Any],
-    time: float,
-) -> None:
-    """Store the engine's ``result`` record and ``status`` of a step; ``time`` stamps it."""
-    step.status = StepStatus(status).value
-    step.result = clean_json(dict(result))
-    step.updated_at = to_datetime(time)
-    session.flush()
+    return get_or_insert(session, Verdict, values, ["dedupe_key"])[0]
 
 
 @store_errors
@@ -370,7 +263,7 @@ def upsert_question(
         "to_check": to_check,
         "answered_at": answered_at,
     }
-    row, inserted = _get_or_insert(session, Question, values, ["incident_id", "qkey"])
+    row, inserted = get_or_insert(session, Question, values, ["incident_id", "qkey"])
     if inserted:
         session.expire(incident, ["questions"])
         return row
@@ -409,7 +302,7 @@ def add_dead_letter(
         "created_at": to_datetime(_clock.time() if time is None else time),
     }
     keys = ["source_origin", "source_partition", "source_position"]
-    row, inserted = _get_or_insert(session, DeadLetter, values, keys)
+    row, inserted = get_or_insert(session, DeadLetter, values, keys)
     return row if inserted else None
 
 

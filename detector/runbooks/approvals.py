@@ -4,9 +4,10 @@ Database reads and writes only (keyword-only ``session``; flushes, never commits
 owns the transaction), plus the approver policy they enforce:
 
 - a step's approval is requested by the step engine (``request``); a person on the approver
-  allow-list approves or denies it (``decide``, from ``detector approve|deny`` or the HTTP
-  endpoint) while it is pending; the engine expires it (``expire``). A pending row changes by
-  a conditional ``UPDATE ... WHERE status = 'pending'``, so of two racing decisions (or a
+  allow-list approves or denies it (``decide``, called by the one decide flow,
+  ``detector.runbooks.flows.decide``) while it is pending; the engine expires it
+  (``expire``). A pending row changes by a conditional
+  ``UPDATE ... WHERE status = 'pending'``, so of two racing decisions (or a
   decision and the expiry) exactly one wins; the other gets ``ApprovalError("conflict")``.
 - a workload is armed (may act for real) by ``detector arm`` or the settings' list; a stored
   ``disarm`` wins over the list. The kill switch is on when the setting or the stored switch is.
@@ -26,38 +27,17 @@ from typing import Any
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
-from detector.db import clean_text, insert_ignore, store_errors
-from detector.errors import DetectorError
+from detector.db import clean_text, insert_ignore, store_errors, to_datetime
+from detector.errors import ApprovalError
 from detector.incidents import service
-from detector.incidents.models import (
-    Control,
-    Incident,
-    RunbookRun,
-    RunbookStep,
-    StepAction,
-    StepApproval,
-    to_datetime,
-)
+from detector.incidents.models import Incident
+from detector.runbooks.models import Control, RunbookRun, RunbookStep, StepAction, StepApproval
 from detector.runbooks.steps import ApprovalStatus
 
 KILL_SWITCH = "kill_switch"
 ARMED = "armed"
 GLOBAL_SCOPE = "*"
 COUNTED_MOVES = ("applied", "restarted")  # the moves the hourly cap counts
-
-
-class ApprovalError(DetectorError):
-    """An approval decision was refused.
-
-    ``code``: ``not_found`` (no such incident or step), ``forbidden`` (not on the approver
-    allow-list), ``conflict`` (the step is not waiting for approval: not requested yet, or
-    already approved, denied or expired).
-    """
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
 
 
 def may_approve(name: str, approvers: Collection[str]) -> bool:

@@ -19,14 +19,16 @@ from typing import ClassVar
 
 from sqlalchemy.orm import Session
 
-from detector.actuators.base import ActionResult, Actuator, Change, Operation, Plan, Status
+from detector.actuators.base import ActionResult, Actuator, Change, Operation, Plan, Reason, Status
 from detector.correlate.context import IncidentContext
 from detector.incidents import service
-from detector.incidents.models import Incident, RunbookRun, RunbookStep
+from detector.incidents.models import Incident
 from detector.runbooks import approvals
+from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Action, Runbook
 from detector.runbooks.health import health
+from detector.runbooks.models import RunbookRun, RunbookStep
 from detector.runbooks.planner import PlannedStep, planned_step
 from detector.runbooks.steps import Approval, StepRecord, StepState
 from detector.runbooks.transitions import (
@@ -274,7 +276,7 @@ def _act(t: Transition, c: Containment) -> Transition:
         log.exception("actuator failed step=%s move=%s", t.step.step_id, t.move.value)
         operation = Operation.REVERT if t.move in REVERT_MOVES else Operation.APPLY
         error = f"{type(exc).__name__}: {exc}"[:500]
-        result = ActionResult(action, "actuator", operation, Status.FAILED, reason="error",
+        result = ActionResult(action, "actuator", operation, Status.FAILED, reason=Reason.ERROR,
                               error=error, restored=False)  # fmt: skip
     return settle(t, result, plan.as_record() if plan is not None else None)
 
@@ -300,7 +302,7 @@ def _store(
     """Store the step's record and approval, the action history and the timeline entry."""
     rec, step = t.record, t.step
     status = step_status(row.status, rec)
-    service.set_step_state(
+    run_service.set_step_state(
         session=session, step=row, status=status, result=rec.as_record(), time=now
     )
     if t.move in (Move.AUTO_APPROVE, Move.REQUEST_APPROVAL):

@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field
 
 from detector import db
 from detector.config import Settings
-from detector.errors import StoreError
-from detector.runbooks import approvals
-from detector.runbooks.approvals import ApprovalError
+from detector.errors import ApprovalError, StoreError
+from detector.runbooks import flows
+from detector.runbooks.flows import DecisionKind, DecisionRequest
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +104,13 @@ def create_app(settings: Settings) -> FastAPI:
     approver_dependency = Depends(approver)
 
     def decide(key: str, step: str, approve: bool, who: str, body: DecisionIn | None) -> Any:
+        kind = DecisionKind.APPROVE if approve else DecisionKind.DENY
         reason = body.reason if body is not None else ""
+        request = DecisionRequest(kind, "http", who, reason, incident=key, step=step)
         try:
             with state["sessions"]() as session:
-                row = approvals.decide(
-                    session=session,
-                    incident_ref=key,
-                    step_ref=step,
-                    approve=approve,
-                    approver=who,
-                    via="http",
-                    approvers=allowed,
-                    reason=reason,
-                )
+                row = flows.decide(request, session=session, approvers=allowed).approval
+                assert row is not None
                 session.commit()
                 return {
                     "incident": key,
@@ -128,7 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
                     "decided_at": row.decided_at.isoformat() if row.decided_at else None,
                 }
         except ApprovalError as exc:
-            raise HTTPException(STATUS.get(exc.code, 400), exc.detail) from exc
+            raise HTTPException(STATUS.get(exc.reason, 400), exc.detail) from exc
         except StoreError as exc:
             log.warning("store failed path=incidents/%s/steps/%s error=%s", key, step, exc)
             raise HTTPException(503, "the incident store is unavailable") from exc

@@ -115,7 +115,7 @@ def test_a_second_replay_keeps_the_final_plan(tmp_path: Path) -> None:
     second = replay_json(url, EXAMPLES / "cascade")
     assert second["incidents"][0]["steps"] == first["incidents"][0]["steps"]
     restarts = second["incidents"][0]["steps"][2]["params"]["pods"]
-    assert len(json.loads(restarts)) == len(second["incidents"][0]["pods"])
+    assert len(restarts) == len(second["incidents"][0]["pods"])
 
 
 def test_an_invalid_setting_is_a_clear_error(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from detector.cli.report import incident_document
 from detector.config import Settings
 from detector.incidents import service
-from detector.incidents.schemas import IncidentOut
+from detector.report.document import incident_document
+from detector.report.schemas import IncidentOut
 from detector.stream.app import keyed_records
 from detector.stream.producer import KafkaSink, ensure_topics
 

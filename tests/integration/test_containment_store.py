@@ -17,13 +17,15 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.actuators.base import ActionResult, Change, Operation, Plan, Status
 from detector.correlate.context import IncidentContext
+from detector.errors import ApprovalError
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.incidents import service
-from detector.incidents.models import Incident, RunbookRun, StepAction, StepApproval
+from detector.incidents.models import Incident
 from detector.runbooks import approvals
-from detector.runbooks.approvals import ApprovalError
+from detector.runbooks import service as run_service
 from detector.runbooks.definition import Runbook
 from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.models import RunbookRun, StepAction, StepApproval
 from detector.runbooks.planner import PlannedStep, plan
 from detector.runbooks.runner import Containment, advance
 from detector.runbooks.steps import StepRecord
@@ -105,7 +107,7 @@ def open_incident(
         stage="cascading",
         opened_at=at,
     )
-    run = service.get_or_create_run(
+    run = run_service.get_or_create_run(
         session=session,
         incident=incident,
         runbook=RUNBOOK.name,
@@ -114,7 +116,7 @@ def open_incident(
         time=at,
     )
     for step in plan(runbook, context(key, "a", "b")):
-        service.upsert_step(
+        run_service.upsert_step(
             session=session,
             run=run,
             position=step.position,
@@ -234,7 +236,7 @@ def test_approve_deny_and_their_refusals(session: Session, make_session: Any) ->
     ]:
         with pytest.raises(ApprovalError) as info:
             decide(**kw)
-        assert info.value.code == code, kw
+        assert info.value.reason == code, kw
     row = decide(step="3", ref=str(incident.id), reason="pods are crash-looping")  # by position
     assert (row.status, row.decided_by, row.via) == ("approved", "alice", "cli")
     with pytest.raises(ApprovalError, match="conflict"):

@@ -23,15 +23,16 @@ from test_nginx_actuator import (  # the nginx fixture and helpers of the actuat
 )
 
 from detector import db
-from detector.actuators.nginx import NginxRateLimiter
-from detector.actuators.nginx_config import rate_limit_from_step
+from detector.actuators.nginx.limiter import NginxRateLimiter
 from detector.correlate.context import IncidentContext
 from detector.events.model import SignalKind
 from detector.incidents import service
-from detector.incidents.models import RunbookRun
 from detector.runbooks import approvals
+from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import ActuatorBinding
+from detector.runbooks.bindings.nginx import rate_limit_from_step
 from detector.runbooks.loader import default_runbook_path, load_runbook
+from detector.runbooks.models import RunbookRun
 from detector.runbooks.planner import plan
 from detector.runbooks.runner import Containment, advance
 
@@ -67,11 +68,11 @@ def test_armed_rate_limit_is_applied_relaxed_and_removed(
                 stage="cascading",
                 opened_at=T0,
             )
-            run = service.get_or_create_run(
+            run = run_service.get_or_create_run(
                 session=session, incident=incident, runbook=RATE_ONLY.name, version="1", mode="live"
             )
             (step,) = plan(RATE_ONLY, context("cascading", 30), dry_run=False)
-            service.upsert_step(
+            run_service.upsert_step(
                 session=session,
                 run=run,
                 position=1,

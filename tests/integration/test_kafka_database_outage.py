@@ -26,9 +26,9 @@ from kafka_helpers import (
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from detector.cli.report import to_document
 from detector.config import Settings
 from detector.pipeline import replay
+from detector.report.document import to_document
 from detector.stream.producer import ensure_topics
 
 SECOND_VICTIM_MS = 1741943046_002

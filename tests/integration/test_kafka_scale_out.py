@@ -29,9 +29,9 @@ from kafka_helpers import (
     wait_consumed,
 )
 
-from detector.cli.report import to_document
 from detector.config import Settings
 from detector.pipeline import replay
+from detector.report.document import to_document
 from detector.stream.producer import ensure_topics
 
 PARTITIONS = 4

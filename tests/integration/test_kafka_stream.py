@@ -21,11 +21,11 @@ from kafka_helpers import (
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from detector.cli.report import to_document
 from detector.config import Settings
 from detector.incidents import service
 from detector.incidents.models import TimelineEntry
 from detector.pipeline import replay
+from detector.report.document import to_document
 
 FIRST_OOM_MS = 1741943017_000  # the cascade's first GPU OOM (its incident key's time)
 

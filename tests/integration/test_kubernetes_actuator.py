@@ -30,14 +30,14 @@ import pytest
 from kubernetes import client
 
 from detector.actuators.base import ActuatorError, Status
-from detector.actuators.kubernetes import RBAC_PERMISSIONS
-from detector.actuators.kubernetes_api import ACTUATOR_PERMISSIONS, KubeApi, Permission
-from detector.actuators.kubernetes_gateways import (
+from detector.actuators.kubernetes.actuator import RBAC_PERMISSIONS
+from detector.actuators.kubernetes.api import ACTUATOR_PERMISSIONS, KubeApi, Permission
+from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
     IngressNginxRateLimit,
     IngressRateLimit,
 )
-from detector.actuators.kubernetes_workloads import (
+from detector.actuators.kubernetes.workloads import (
     DeploymentCeilings,
     DeploymentRestart,
     DeploymentTarget,

@@ -34,8 +34,9 @@ import pytest
 from small_cascade import rate_step
 
 from detector.actuators.base import Status
-from detector.actuators.nginx import NginxGateway, NginxRateLimiter, serving_children
-from detector.actuators.nginx_config import RateLimit, rate_limit_from_step
+from detector.actuators.nginx.config import RateLimit
+from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter, serving_children
+from detector.runbooks.bindings.nginx import rate_limit_from_step
 
 START_TIMEOUT_S = 15.0
 BURST_N = 30

@@ -21,8 +21,8 @@ import pytest
 from test_http_actuators import EnvoyFake, FakeServer, KongFake, RayFake, TritonFake
 
 from detector.actuators.base import Status
-from detector.actuators.registry import step_actuators
 from detector.config import ContainmentSettings, EnvoySettings, RayServeSettings, Settings
+from detector.runbooks.bindings.registry import step_actuators
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, planned_step

@@ -29,8 +29,8 @@ from test_kubernetes_actuator import (
 )
 
 from detector.actuators.base import Status
-from detector.actuators.registry import step_actuators
 from detector.config import ContainmentSettings, KubernetesSettings, Settings
+from detector.runbooks.bindings.registry import step_actuators
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import planned_step
@@ -103,9 +103,9 @@ def test_an_armed_replay_patches_the_deployment_and_the_ingress(
     steps = {s["action"]: s for s in incident["steps"]}
     ceiling, rate = steps["lower_batch_ceiling"]["params"], steps["enable_rate_limit"]["params"]
     assert (ceiling["new_ceiling"], rate["limit_rps"], rate["limit_connections"]) == (
-        "13",
-        "1",
-        "13",
+        13,
+        1,
+        13,
     )  # computed from the cascade's own lines (see the runbook's basis)
 
     dry = [r for r in kube.history if r.path == DEPLOY and r.dry_run]

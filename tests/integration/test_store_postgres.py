@@ -16,21 +16,23 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
 from detector import db
+from detector.db import Base
 from detector.errors import StoreError
 from detector.events.model import SourcePos
 from detector.incidents import service
 from detector.incidents.models import (
-    Base,
     DeadLetter,
     Evidence,
     Incident,
     IncidentPod,
     Question,
-    RunbookStep,
     TimelineEntry,
     Verdict,
 )
-from detector.incidents.schemas import DeadLetterOut, IncidentOut, VerdictOut
+from detector.incidents.schemas import DeadLetterOut, VerdictOut
+from detector.report.schemas import IncidentOut
+from detector.runbooks import service as run_service
+from detector.runbooks.models import RunbookStep
 
 T0 = 1_732_890_000.0
 KEY = "prod/llm/vllm-llama@1732890000"
@@ -268,14 +270,14 @@ def test_verdicts_are_recorded_once(session: Session) -> None:
 
 def test_runs_and_steps_upsert_in_place(session: Session) -> None:
     incident = _incident(session)
-    run = service.get_or_create_run(
+    run = run_service.get_or_create_run(
         session=session,
         incident=incident,
         runbook="gpu-oom-containment",
         version="1",
         mode="dry_run",
     )
-    same = service.get_or_create_run(
+    same = run_service.get_or_create_run(
         session=session,
         incident=incident,
         runbook="gpu-oom-containment",
@@ -284,7 +286,7 @@ def test_runs_and_steps_upsert_in_place(session: Session) -> None:
     )
     assert same.id == run.id
     for position, action in ((2, "enable_rate_limit"), (1, "lower_batch_ceiling")):
-        service.upsert_step(
+        run_service.upsert_step(
             session=session,
             run=run,
             position=position,
@@ -294,7 +296,7 @@ def test_runs_and_steps_upsert_in_place(session: Session) -> None:
             params={"max_num_seqs": 8},
             approval="auto",
         )
-    step = service.upsert_step(
+    step = run_service.upsert_step(
         session=session,
         run=run,
         position=1,
@@ -306,8 +308,8 @@ def test_runs_and_steps_upsert_in_place(session: Session) -> None:
         result={"ok": True, "rolled_out": ["vllm-llama-7d9-a"]},
         time=T0 + 30,
     )
-    assert service.set_run_status(session=session, run=run, status="succeeded")
-    assert not service.set_run_status(session=session, run=run, status="succeeded")
+    assert run_service.set_run_status(session=session, run=run, status="succeeded")
+    assert not run_service.set_run_status(session=session, run=run, status="succeeded")
     session.commit()
     session.expire_all()
     assert _count(session, RunbookStep) == 2
@@ -430,10 +432,10 @@ def test_incident_out_reads_the_whole_incident(session: Session) -> None:
     service.add_timeline_entry(
         session=session, incident=incident, time=T0, kind="note", message="opened", dedupe_key="o"
     )
-    run = service.get_or_create_run(
+    run = run_service.get_or_create_run(
         session=session, incident=incident, runbook="rb", version="2", mode="live", time=T0
     )
-    service.upsert_step(
+    run_service.upsert_step(
         session=session,
         run=run,
         position=1,

@@ -19,7 +19,6 @@ from detector.actuators.kong import (
     KongScope,
     create_body,
     find_plugin,
-    limit_from_step,
     patch_body,
     plugin_view,
 )
@@ -37,6 +36,7 @@ from detector.actuators.triton import (
     load_body,
     merged_config,
 )
+from detector.runbooks.bindings.kong import limit_from_step
 from detector.runbooks.definition import Action, Check, OnFailure, Verify
 from detector.runbooks.planner import PlannedStep
 

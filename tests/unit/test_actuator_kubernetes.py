@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from detector.actuators.base import ActuatorError
-from detector.actuators.kubernetes_api import (
+from detector.actuators.kubernetes.api import (
     BACKEND_TRAFFIC_POLICIES,
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -25,12 +25,12 @@ from detector.actuators.kubernetes_api import (
     permission,
     transport_error,
 )
-from detector.actuators.kubernetes_gateways import (
+from detector.actuators.kubernetes.gateways import (
     IngressRateLimit,
     local_rate_limit,
     status_code_note,
 )
-from detector.actuators.kubernetes_patch import (
+from detector.actuators.kubernetes.patch import (
     ceiling_fields,
     container_patch,
     desired_ceiling_fields,

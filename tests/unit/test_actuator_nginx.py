@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from small_cascade import rate_step
 
-import detector.actuators.nginx as nginx_module
+import detector.actuators.nginx.limiter as nginx_module
 from detector.actuators.base import ActuatorError, Change, Plan, Status
-from detector.actuators.nginx import NginxGateway, NginxRateLimiter, serving_children
-from detector.actuators.nginx_config import (
+from detector.actuators.nginx.config import (
     HEADER,
     RateLimit,
-    rate_limit_from_step,
     render_http,
     render_location,
     zone_name,
 )
+from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter, serving_children
+from detector.runbooks.bindings.nginx import rate_limit_from_step
 from detector.runbooks.definition import Action
 
 LIMIT = RateLimit(zone="detector_ml_llm", rate_per_s=2)

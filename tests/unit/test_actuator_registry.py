@@ -9,17 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from detector.actuators.base import ActuatorError, Change, Plan
-from detector.actuators.envoy import EnvoyRateLimit, envoy_limit_from_step
-from detector.actuators.kubernetes_gateways import (
-    IngressRateLimit,
-    ingress_limit_from_step,
-    policy_requests_from_step,
-)
-from detector.actuators.kubernetes_workloads import ceilings_from_step
-from detector.actuators.rayserve import ongoing_requests_from_step
-from detector.actuators.registry import kong_scope, step_actuators
-from detector.actuators.registry_kubernetes import ceiling_key_of_plan
-from detector.actuators.triton import QueuePolicy, TritonBatching, batching_from_step
+from detector.actuators.envoy import EnvoyRateLimit
+from detector.actuators.kubernetes.gateways import IngressRateLimit
+from detector.actuators.triton import QueuePolicy, TritonBatching
 from detector.config import (
     ContainmentSettings,
     KongSettings,
@@ -30,6 +22,16 @@ from detector.config import (
     TritonSettings,
 )
 from detector.errors import ConfigError
+from detector.runbooks.bindings.envoy import envoy_limit_from_step
+from detector.runbooks.bindings.kubernetes import (
+    ceiling_key_of_plan,
+    ceilings_from_step,
+    ingress_limit_from_step,
+    policy_requests_from_step,
+)
+from detector.runbooks.bindings.rayserve import ongoing_requests_from_step
+from detector.runbooks.bindings.registry import kong_scope, step_actuators
+from detector.runbooks.bindings.triton import batching_from_step
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, planned_step

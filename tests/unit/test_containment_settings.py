@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from detector.config import ContainmentSettings, Settings, WebSettings
-from detector.incidents.flows import IncidentFlows
+from detector.runbooks.flows import ContainmentFlows
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.runner import DryRunActuator
 
@@ -43,11 +43,11 @@ def test_flows_from_settings_carry_arming_kill_switch_and_actuators() -> None:
         containment=ContainmentSettings(armed_workloads=["llm/m"], kill_switch=True),
     )
     actuator = DryRunActuator()
-    flows = IncidentFlows.from_settings(
+    flows = ContainmentFlows.from_settings(
         load_runbook(default_runbook_path()), settings, {"enable_rate_limit": actuator}
     )
     c = flows.containment
     assert (flows.dry_run, c.dry_run, c.kill_switch) == (False, False, True)
     assert c.armed_workloads == frozenset({"llm/m"})
     assert c.actuators == {"enable_rate_limit": actuator}
-    assert IncidentFlows(flows.runbook).containment.dry_run is True
+    assert ContainmentFlows(flows.runbook).containment.dry_run is True

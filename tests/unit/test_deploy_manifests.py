@@ -7,7 +7,7 @@ unknown or misspelled field is an error (the API server would drop it or, with
 An apiVersion/kind pair is real when the client's API class for that group and version can
 create that kind (``RbacAuthorizationV1Api.create_namespaced_role``), which also says whether
 the kind is namespaced. The RBAC rules must grant exactly
-``detector.actuators.kubernetes.RBAC_PERMISSIONS``.
+``detector.actuators.kubernetes.actuator.RBAC_PERMISSIONS``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from detector.actuators.kubernetes import (
+from detector.actuators.kubernetes.actuator import (
     DEFAULT_CONTROLLER_CONFIGMAP,
     RBAC_PERMISSIONS,
     RESOURCE_NAMES,

@@ -16,17 +16,11 @@ from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
 from detector import db
+from detector.db import Base, UTCDateTime, to_datetime, to_timestamp
 from detector.errors import StoreError
 from detector.events.model import SourcePos
 from detector.incidents import service
-from detector.incidents.models import (
-    RAW_LIMIT_BYTES,
-    Base,
-    Evidence,
-    UTCDateTime,
-    to_datetime,
-    to_timestamp,
-)
+from detector.incidents.models import RAW_LIMIT_BYTES, Evidence
 from detector.incidents.schemas import EvidenceOut
 
 T0 = 1_732_890_000.5

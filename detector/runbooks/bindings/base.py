@@ -31,7 +31,7 @@ class ActuatorBinding:
     """An ``Actuator`` with the function that plans its change from a planned step.
 
     E.g. ``ActuatorBinding(limiter, lambda s: limiter.plan(rate_limit_from_step(s)))`` for
-    the nginx rate limit (detector.actuators.nginx).
+    the nginx rate limit (detector.actuators.nginx.limiter).
     """
 
     actuator: Actuator

@@ -2,7 +2,7 @@
 
 Each target is one API object (``deployments.apps/inference/llama``); its content is the part
 of the object the actuator manages, as ``key: <JSON>`` lines
-(:mod:`detector.actuators.kubernetes_patch`). ``read`` is a GET; ``write`` sends one request
+(:mod:`detector.actuators.kubernetes.patch`). ``read`` is a GET; ``write`` sends one request
 that moves the object from what was read to the planned content: a strategic-merge (built-in
 kinds) or JSON merge (custom kinds) PATCH that carries the ``metadata.resourceVersion`` it was
 computed from, so a change made by anyone else since the read fails with 409 Conflict instead
@@ -22,9 +22,9 @@ back. On top of it:
   later: ``verify`` shows it); anything else, or no answer, is reported as a previous state
   NOT restored.
 
-The workload actuators are in :mod:`detector.actuators.kubernetes_workloads`, the gateway ones
-in :mod:`detector.actuators.kubernetes_gateways`; the API calls and their RBAC grants in
-:mod:`detector.actuators.kubernetes_api`. Sources:
+The workload actuators are in :mod:`detector.actuators.kubernetes.workloads`, the gateway ones
+in :mod:`detector.actuators.kubernetes.gateways`; the API calls and their RBAC grants in
+:mod:`detector.actuators.kubernetes.api`. Sources:
 https://kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply ,
 https://kubernetes.io/docs/reference/using-api/api-concepts/#dry-run .
 """
@@ -38,8 +38,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from detector.actuators.base import ActionResult, Actuator, ActuatorError, Change, Plan, Status
-from detector.actuators.kubernetes_api import (
+from detector.actuators.base import (
+    ActionResult,
+    Actuator,
+    ActuatorError,
+    Change,
+    Plan,
+    Reason,
+    Status,
+)
+from detector.actuators.kubernetes.api import (
     ACTUATOR_PERMISSIONS,
     IN_DOUBT,
     ApiRequest,
@@ -48,7 +56,7 @@ from detector.actuators.kubernetes_api import (
     Permission,
     Verb,
 )
-from detector.actuators.kubernetes_patch import parse_fields, render_fields
+from detector.actuators.kubernetes.patch import parse_fields, render_fields
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +132,7 @@ class KubernetesActuator(Actuator):
         ref = self._ref(target)
         obj = self._present(target, self.api.get(ref))
         if obj is None and not self.absent_ok:
-            raise ActuatorError("not_found", f"get {ref.label}: 404 Not Found")
+            raise ActuatorError(Reason.NOT_FOUND, f"get {ref.label}: 404 Not Found")
         self._objects[target] = obj
         return None if obj is None else render_fields(self._fields(target, obj))
 
@@ -262,5 +270,5 @@ def resource_version(obj: dict[str, Any], ref: ObjectRef) -> str:
     """Return ``metadata.resourceVersion``; ActuatorError(``bad_response``) when missing."""
     version = (obj.get("metadata") or {}).get("resourceVersion")
     if not version:
-        raise ActuatorError("bad_response", f"{ref.label} has no metadata.resourceVersion")
+        raise ActuatorError(Reason.BAD_RESPONSE, f"{ref.label} has no metadata.resourceVersion")
     return str(version)

@@ -2,7 +2,7 @@
 
 The step (runbook action ``enable_rate_limit``) answers excess requests with HTTP 429 at the
 gateway in front of the workload (DESIGN.md section 5). What it writes and how the operator
-wires it: :mod:`detector.actuators.nginx_config`. One apply is one transaction
+wires it: :mod:`detector.actuators.nginx.config`. One apply is one transaction
 (:class:`detector.actuators.base.Actuator`): both files are replaced atomically, the whole
 configuration is checked with ``nginx -t`` and only then reloaded with ``nginx -s reload``; a
 configuration that fails the check is written back and never reloaded. The previous content
@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from detector.actuators.base import ActivationRefused, Actuator, ActuatorError, Plan
-from detector.actuators.nginx_config import RateLimit, render_http, render_location
-from detector.runbooks.definition import Action
+from detector.actuators.base import ActivationRefused, Actuator, ActuatorError, Plan, Reason
+from detector.actuators.nginx.config import RateLimit, render_http, render_location
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ def serving_children(pid: int) -> frozenset[int] | None:
 class NginxRateLimiter(Actuator):
     """Enable, change or lift an nginx ``limit_req`` rate limit through two include files."""
 
-    action: ClassVar[str] = Action.ENABLE_RATE_LIMIT.value
+    action: ClassVar[str] = "enable_rate_limit"
 
     def __init__(self, gateway: NginxGateway) -> None:
         self.gateway = gateway
@@ -142,7 +141,7 @@ class NginxRateLimiter(Actuator):
     def _path(self, target: str) -> Path:
         if target not in self._files:
             raise ActuatorError(
-                "invalid_request", f"{target} is not an include file of {self.target}"
+                Reason.INVALID_REQUEST, f"{target} is not an include file of {self.target}"
             )
         return Path(target)
 
@@ -177,7 +176,7 @@ class NginxRateLimiter(Actuator):
 
     def validate(self) -> None:
         """Run ``nginx -t -q``; raise ActuatorError(``config_invalid``) when it fails."""
-        self._run("config_invalid", "-t", "-q")
+        self._run(Reason.CONFIG_INVALID, "-t", "-q")
 
     def activate(self) -> None:
         """Run ``nginx -s reload`` and, with a pid file, wait for the new workers.
@@ -189,9 +188,9 @@ class NginxRateLimiter(Actuator):
         master = self._master_pid() if self.gateway.pid_file is not None else None
         before = serving_children(master) if master is not None else None
         try:
-            self._run("reload_failed", "-s", "reload")
+            self._run(Reason.RELOAD_FAILED, "-s", "reload")
         except ActuatorError as exc:
-            if exc.reason == "timeout":
+            if exc.reason == Reason.TIMEOUT:
                 raise  # the signal may have been sent: the restore reloads again
             raise ActivationRefused(exc.reason, exc.detail) from exc  # nginx was not signalled
         if master is not None and before:  # workers hidden (no /proc, hidepid): not checked
@@ -221,12 +220,14 @@ class NginxRateLimiter(Actuator):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise ActuatorError("locked", "another operation holds the include lock") from exc
+                raise ActuatorError(
+                    Reason.LOCKED, "another operation holds the include lock"
+                ) from exc
             yield
         finally:
             os.close(fd)  # closing releases the flock
 
-    def _run(self, reason: str, *args: str) -> None:
+    def _run(self, reason: Reason, *args: str) -> None:
         argv = self.gateway.argv(*args)
         command = " ".join(argv)
         try:
@@ -238,10 +239,10 @@ class NginxRateLimiter(Actuator):
                 check=False,
             )
         except FileNotFoundError as exc:
-            raise ActuatorError("binary_missing", f"{argv[0]} not found") from exc
+            raise ActuatorError(Reason.BINARY_MISSING, f"{argv[0]} not found") from exc
         except subprocess.TimeoutExpired as exc:
             limit = self.gateway.command_timeout_s
-            raise ActuatorError("timeout", f"{command} ran over {limit:g} s") from exc
+            raise ActuatorError(Reason.TIMEOUT, f"{command} ran over {limit:g} s") from exc
         except OSError as exc:
             raise ActuatorError(reason, f"{command} could not run: {exc}") from exc
         if done.returncode != 0:
@@ -255,11 +256,11 @@ class NginxRateLimiter(Actuator):
             text = pid_file.read_text(encoding="ascii").strip() if pid_file else ""
             pid = int(text)
         except (OSError, ValueError) as exc:
-            raise ActuatorError("not_running", f"no master pid in {pid_file}: {exc}") from exc
+            raise ActuatorError(Reason.NOT_RUNNING, f"no master pid in {pid_file}: {exc}") from exc
         try:
             os.kill(pid, 0)
         except ProcessLookupError as exc:
-            raise ActuatorError("not_running", f"nginx master {pid} is not running") from exc
+            raise ActuatorError(Reason.NOT_RUNNING, f"nginx master {pid} is not running") from exc
         except PermissionError:
             pass  # it runs, as another user
         return pid
@@ -273,7 +274,7 @@ class NginxRateLimiter(Actuator):
                 return
             if time.monotonic() >= deadline:
                 raise ActuatorError(
-                    "reload_failed",
+                    Reason.RELOAD_FAILED,
                     f"nginx master {master} still serves with workers from before the reload "
                     f"after {self.gateway.reload_confirm_s:g} s: it did not load the new "
                     "configuration (see its error log)",

@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from detector.actuators.base import ActuatorError, Change, Plan
-from detector.actuators.kubernetes import (
+from detector.actuators.base import ActuatorError, Change, Plan, Reason
+from detector.actuators.kubernetes.actuator import (
     DEFAULT_CONTROLLER_CONFIGMAP,
     KubernetesActuator,
     resource_version,
 )
-from detector.actuators.kubernetes_api import (
+from detector.actuators.kubernetes.api import (
     BACKEND_TRAFFIC_POLICIES,
     CONFIGMAPS,
     INGRESSES,
@@ -40,7 +40,7 @@ from detector.actuators.kubernetes_api import (
     ObjectRef,
     Verb,
 )
-from detector.actuators.kubernetes_patch import (
+from detector.actuators.kubernetes.patch import (
     annotation_fields,
     annotations_patch,
     deep_merge,
@@ -48,9 +48,6 @@ from detector.actuators.kubernetes_patch import (
     nested,
     render_fields,
 )
-from detector.capacity.numbers import coerce_int
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 PREFIX = "nginx.ingress.kubernetes.io/"
 LIMIT_RPS = PREFIX + "limit-rps"
@@ -64,7 +61,9 @@ _POLICY_FIELDS = ("spec.targetRefs", "spec.rateLimit")
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ActuatorError("invalid_request", f"{name} must be a whole number >= 1, got {value!r}")
+        raise ActuatorError(
+            Reason.INVALID_REQUEST, f"{name} must be a whole number >= 1, got {value!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +78,7 @@ class IngressRateLimit:
         for name in ("rps", "connections", "burst_multiplier"):
             _positive(name, getattr(self, name))
         if self.rps is None and self.connections is None:
-            raise ActuatorError("invalid_request", "set rps, connections or both")
+            raise ActuatorError(Reason.INVALID_REQUEST, "set rps, connections or both")
 
     def annotations(self) -> dict[str, str]:
         """Return the annotations to set (values are strings, as annotations must be)."""
@@ -121,7 +120,7 @@ def status_code_note(
 class IngressNginxRateLimit(KubernetesActuator):
     """Set ingress-nginx rate-limit annotations on Ingresses; note a 503 status code."""
 
-    action: ClassVar[str] = Action.ENABLE_RATE_LIMIT.value
+    action: ClassVar[str] = "enable_rate_limit"
 
     def __init__(
         self,
@@ -132,7 +131,7 @@ class IngressNginxRateLimit(KubernetesActuator):
         controller_configmap: tuple[str, str] = DEFAULT_CONTROLLER_CONFIGMAP,
     ) -> None:
         if not ingresses or len(set(ingresses)) != len(ingresses):
-            raise ActuatorError("invalid_request", "name one or more distinct Ingresses")
+            raise ActuatorError(Reason.INVALID_REQUEST, "name one or more distinct Ingresses")
         super().__init__(api)
         self.namespace = namespace
         self.ingresses = tuple(ingresses)
@@ -178,7 +177,9 @@ class IngressNginxRateLimit(KubernetesActuator):
     def _ref(self, target: str) -> ObjectRef:
         kind, namespace, name = [*target.split("/"), "", ""][:3]
         if kind != INGRESSES.label or namespace != self.namespace or name not in self.ingresses:
-            raise ActuatorError("invalid_request", f"{target} is not an Ingress of {self.target}")
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"{target} is not an Ingress of {self.target}"
+            )
         return ObjectRef(INGRESSES, namespace, name)
 
     def _fields(self, target: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +190,7 @@ class IngressNginxRateLimit(KubernetesActuator):
     ) -> ApiRequest | None:
         ref = self._ref(target)
         if obj is None or desired is None:
-            raise ActuatorError("not_found", f"{ref.label} does not exist")
+            raise ActuatorError(Reason.NOT_FOUND, f"{ref.label} does not exist")
         body = annotations_patch(self._fields(target, obj), desired)
         if not body:
             return None
@@ -205,7 +206,7 @@ def local_rate_limit(requests: int, unit: str) -> dict[str, Any]:
     """Return a ``spec.rateLimit`` of type Local: ``requests`` per ``unit`` for all clients."""
     _positive("requests", requests)
     if unit not in RATE_LIMIT_UNITS:
-        raise ActuatorError("invalid_request", f"unit must be one of {RATE_LIMIT_UNITS}")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"unit must be one of {RATE_LIMIT_UNITS}")
     rule = {"limit": {"requests": requests, "unit": unit}}
     return {"type": "Local", "local": {"rules": [rule]}}
 
@@ -217,7 +218,7 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
     policy (default ``ROUTE-detector-rate-limit``).
     """
 
-    action: ClassVar[str] = Action.ENABLE_RATE_LIMIT.value
+    action: ClassVar[str] = "enable_rate_limit"
     absent_ok: ClassVar[bool] = True
 
     def __init__(
@@ -270,7 +271,7 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
 
     def _ref(self, target: str) -> ObjectRef:
         if target != self._target:
-            raise ActuatorError("invalid_request", f"{target} is not {self._target}")
+            raise ActuatorError(Reason.INVALID_REQUEST, f"{target} is not {self._target}")
         return self.policy
 
     def _fields(self, target: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -314,44 +315,7 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
             for condition in ancestor.get("conditions") or []:
                 if condition.get("type") == "Accepted" and condition.get("status") == "False":
                     raise ActuatorError(
-                        "not_accepted",
+                        Reason.NOT_ACCEPTED,
                         f"{self.policy.label}: {condition.get('reason')}: "
                         f"{condition.get('message')}",
                     )
-
-
-def _step_int(step: PlannedStep, name: str) -> int | None:
-    """Return the step's integer param ``name``; ActuatorError when set but not an int >= 1."""
-    raw = step.params.get(name)
-    value = coerce_int(raw)
-    if raw is not None and (value is None or value < 1):
-        raise ActuatorError(
-            "invalid_request", f"step {step.step_id!r}: {name} {raw!r} is not an int >= 1"
-        )
-    return value
-
-
-def ingress_limit_from_step(step: PlannedStep) -> IngressRateLimit:
-    """Return the ingress-nginx limits of a planned ``enable_rate_limit`` step.
-
-    ``limit_rps`` and ``limit_connections`` as the planner computed them (healthy capacity
-    left, floors applied); the Ingress is the step's ``namespace``/``ingress``. Raises
-    ActuatorError(``invalid_request``) for another action or a bad value.
-    """
-    if step.action is not Action.ENABLE_RATE_LIMIT:
-        raise ActuatorError(
-            "invalid_request", f"step {step.step_id!r} is {step.action.value}, not a rate limit"
-        )
-    rps, connections = _step_int(step, "limit_rps"), _step_int(step, "limit_connections")
-    return IngressRateLimit(rps=rps, connections=connections)
-
-
-def policy_requests_from_step(step: PlannedStep) -> int:
-    """Return the requests per second of an Envoy Gateway policy: the step's ``limit_rps``.
-
-    Raises ActuatorError(``invalid_request``) for another action or a missing rate.
-    """
-    rps = ingress_limit_from_step(step).rps
-    if rps is None:
-        raise ActuatorError("invalid_request", f"step {step.step_id!r} has no limit_rps")
-    return rps

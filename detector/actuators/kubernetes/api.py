@@ -44,7 +44,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from detector.actuators.base import ActuatorError
+from detector.actuators.base import ActuatorError, Reason
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,15 @@ FIELD_MANAGER = "gpu-oom-cascade-detector"
 _MESSAGE_CHARS = 400
 _PDB_NAME = re.compile(r"disruption budget (\S+)")
 _REASONS = {
-    400: "bad_request",
-    401: "forbidden",
-    403: "forbidden",
-    404: "not_found",
-    409: "conflict",
-    422: "bad_request",
-    429: "throttled",
+    400: Reason.BAD_REQUEST,
+    401: Reason.FORBIDDEN,
+    403: Reason.FORBIDDEN,
+    404: Reason.NOT_FOUND,
+    409: Reason.CONFLICT,
+    422: Reason.BAD_REQUEST,
+    429: Reason.THROTTLED,
 }
-IN_DOUBT = frozenset({"timeout", "connection_lost"})
+IN_DOUBT = frozenset({Reason.TIMEOUT, Reason.CONNECTION_LOST})
 """Reasons after which a write may or may not have been applied."""
 SMP = "application/strategic-merge-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -211,7 +211,7 @@ class KubeApi:
 
     def __init__(self, api_client: client.ApiClient, *, timeout_s: float = 10.0) -> None:
         if not timeout_s > 0:
-            raise ActuatorError("invalid_request", f"timeout_s must be > 0, got {timeout_s}")
+            raise ActuatorError(Reason.INVALID_REQUEST, f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
@@ -223,7 +223,7 @@ class KubeApi:
         try:
             return self._call(ApiRequest(Verb.GET, ref, None), {})
         except ActuatorError as exc:
-            if exc.reason == "not_found":
+            if exc.reason == Reason.NOT_FOUND:
                 return None
             raise
 
@@ -242,7 +242,9 @@ class KubeApi:
     def _call(self, request: ApiRequest, extra: dict[str, Any]) -> dict[str, Any] | None:
         ref, verb = request.ref, request.verb
         if (ref.kind, verb) not in CALLS:
-            raise ActuatorError("invalid_request", f"no {verb.value} call for {ref.kind.label}")
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"no {verb.value} call for {ref.kind.label}"
+            )
         kwargs = {"_preload_content": False, "_request_timeout": self.timeout_s, **extra}
         method, args = self._method(request)
         if verb is Verb.DELETE:  # a keyword argument in every client version
@@ -255,15 +257,15 @@ class KubeApi:
         except urllib3.exceptions.HTTPError as exc:
             raise transport_error(exc, what, self.timeout_s) from exc
         except ValueError as exc:  # the client refused an argument before sending
-            raise ActuatorError("invalid_request", f"{what}: {exc}") from exc
+            raise ActuatorError(Reason.INVALID_REQUEST, f"{what}: {exc}") from exc
         if not data:
             return None
         try:
             value = json.loads(data)
         except ValueError as exc:
-            raise ActuatorError("bad_response", f"{what}: the answer is not JSON") from exc
+            raise ActuatorError(Reason.BAD_RESPONSE, f"{what}: the answer is not JSON") from exc
         if not isinstance(value, dict):
-            raise ActuatorError("bad_response", f"{what}: the answer is not a JSON object")
+            raise ActuatorError(Reason.BAD_RESPONSE, f"{what}: the answer is not a JSON object")
         return value
 
     def _method(self, request: ApiRequest) -> tuple[_Call, tuple[Any, ...]]:
@@ -325,17 +327,17 @@ def api_error(exc: ApiException, what: str, namespace: str) -> ActuatorError:
     message = message[:_MESSAGE_CHARS]
     http = f"{code} {exc.reason or ''}".strip()
     if code == 0:
-        return ActuatorError("unreachable", f"{what}: {exc.reason}")
+        return ActuatorError(Reason.UNREACHABLE, f"{what}: {exc.reason}")
     if code == 429:
         cause = pdb_cause(status)
         if cause is not None:
             found = _PDB_NAME.search(cause)
             budget = f"{namespace}/{found.group(1)}" if found else "(name not given)"
             return ActuatorError(
-                "pdb_blocked",
+                Reason.PDB_BLOCKED,
                 f"{what}: blocked by PodDisruptionBudget {budget} ({http}): {cause or message}",
             )
-    reason = "server_error" if code >= 500 else _REASONS.get(code, "http_error")
+    reason = Reason.SERVER_ERROR if code >= 500 else _REASONS.get(code, Reason.HTTP_ERROR)
     return ActuatorError(reason, f"{what}: {http}: {message}")
 
 
@@ -347,9 +349,9 @@ def transport_error(
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         cause = exc.reason
     if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):  # NewConnectionError too
-        return ActuatorError("unreachable", f"{what}: {cause}")
+        return ActuatorError(Reason.UNREACHABLE, f"{what}: {cause}")
     if isinstance(cause, urllib3.exceptions.TimeoutError):
-        return ActuatorError("timeout", f"{what}: no answer within {timeout_s:g} s")
+        return ActuatorError(Reason.TIMEOUT, f"{what}: no answer within {timeout_s:g} s")
     if isinstance(cause, urllib3.exceptions.ProtocolError):
-        return ActuatorError("connection_lost", f"{what}: the connection broke: {cause}")
-    return ActuatorError("unreachable", f"{what}: {cause}")
+        return ActuatorError(Reason.CONNECTION_LOST, f"{what}: the connection broke: {cause}")
+    return ActuatorError(Reason.UNREACHABLE, f"{what}: {cause}")

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-from detector.actuators.base import ActionResult, Actuator, ActuatorError, Plan
+from detector.actuators.base import ActionResult, Actuator, ActuatorError, Plan, Reason
 from detector.runbooks.planner import PlannedStep
 
 A = TypeVar("A", bound=Actuator)
@@ -27,7 +27,9 @@ def workload_of(step: PlannedStep, name: str = "workload") -> str:
     """
     namespace, workload = step.params.get("namespace"), step.params.get(name)
     if not namespace or not workload:
-        raise ActuatorError("invalid_request", f"step {step.step_id!r} has no namespace/{name}")
+        raise ActuatorError(
+            Reason.INVALID_REQUEST, f"step {step.step_id!r} has no namespace/{name}"
+        )
     return f"{namespace}/{workload}"
 
 

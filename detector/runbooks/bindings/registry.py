@@ -15,31 +15,24 @@ dry-run; otherwise it reads and records the exact change.
   ``max_ongoing_requests`` (``rayserve``);
 - ``stagger_restarts``: pod evictions (or deletes) when ``containment.kubernetes`` is set.
 
-The Kubernetes bindings are in :mod:`detector.actuators.registry_kubernetes`. Raises
-ConfigError for settings that cannot work together or cannot be loaded.
+The Kubernetes bindings are in :mod:`detector.runbooks.bindings.kubernetes`; each other
+family's step translator (``rate_limit_from_step`` ...) in its own module of this package
+(``nginx``, ``kong``, ``envoy``, ``triton``, ``rayserve``). Raises ConfigError for settings
+that cannot work together or cannot be loaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from detector.actuators.base import ActuatorError, Plan
-from detector.actuators.envoy import EnvoyLocalRateLimiter, EnvoyRuntimeKeys, envoy_limit_from_step
+from detector.actuators.base import ActuatorError, Plan, Reason
+from detector.actuators.envoy import EnvoyLocalRateLimiter, EnvoyRuntimeKeys
 from detector.actuators.http import AdminApi
-from detector.actuators.kong import KongRateLimiter, KongScope, limit_from_step
-from detector.actuators.kubernetes_api import KubeApi
-from detector.actuators.nginx import NginxGateway, NginxRateLimiter
-from detector.actuators.nginx_config import rate_limit_from_step
-from detector.actuators.rayserve import RayServeOngoingRequests, ongoing_requests_from_step
-from detector.actuators.registry_binding import KeyedBinding, workload_of
-from detector.actuators.registry_kubernetes import (
-    ceilings,
-    evictions,
-    gateway_policies,
-    ingress_limits,
-    kube_api,
-)
-from detector.actuators.triton import TritonBatchCeiling, batching_from_step
+from detector.actuators.kong import KongRateLimiter, KongScope
+from detector.actuators.kubernetes.api import KubeApi
+from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter
+from detector.actuators.rayserve import RayServeOngoingRequests
+from detector.actuators.triton import TritonBatchCeiling
 from detector.config import (
     ContainmentSettings,
     EnvoySettings,
@@ -52,6 +45,19 @@ from detector.config import (
 )
 from detector.errors import ConfigError
 from detector.runbooks.bindings.base import ActuatorBinding, StepActuator
+from detector.runbooks.bindings.envoy import envoy_limit_from_step
+from detector.runbooks.bindings.keyed import KeyedBinding, workload_of
+from detector.runbooks.bindings.kong import limit_from_step
+from detector.runbooks.bindings.kubernetes import (
+    ceilings,
+    evictions,
+    gateway_policies,
+    ingress_limits,
+    kube_api,
+)
+from detector.runbooks.bindings.nginx import rate_limit_from_step
+from detector.runbooks.bindings.rayserve import ongoing_requests_from_step
+from detector.runbooks.bindings.triton import batching_from_step
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 
@@ -139,7 +145,7 @@ def _mapped(
     key = workload_of(step, param)
     found = mapping.get(key, default)
     if found is None:
-        raise ActuatorError("not_configured", f"no {what} configured for {key}")
+        raise ActuatorError(Reason.NOT_CONFIGURED, f"no {what} configured for {key}")
     return found
 
 
@@ -150,7 +156,9 @@ def kong_scope(text: str) -> KongScope:
         return KongScope("services", name)
     if kind == "routes":
         return KongScope("routes", name)
-    raise ActuatorError("invalid_request", f"a Kong scope is services/NAME or routes/NAME: {text}")
+    raise ActuatorError(
+        Reason.INVALID_REQUEST, f"a Kong scope is services/NAME or routes/NAME: {text}"
+    )
 
 
 def _kong(cfg: KongSettings) -> KeyedBinding[tuple[str, ...], KongRateLimiter]:
@@ -161,7 +169,7 @@ def _kong(cfg: KongSettings) -> KeyedBinding[tuple[str, ...], KongRateLimiter]:
         scopes = cfg.scopes_by_workload.get(workload_of(step, "ingress")) or cfg.scopes
         if not scopes:
             raise ActuatorError(
-                "not_configured", f"no Kong scope for {workload_of(step, 'ingress')}"
+                Reason.NOT_CONFIGURED, f"no Kong scope for {workload_of(step, 'ingress')}"
             )
         return tuple(scopes)
 

@@ -29,10 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from detector.actuators.base import ActuatorError
-from detector.capacity.numbers import coerce_int
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
+from detector.actuators.base import ActuatorError, Reason
 
 DEFAULT_ZONE_SIZE = "10m"
 """Shared memory per zone: 1 MB holds about 16,000 states of 64 bytes (nginx docs above)."""
@@ -52,7 +49,7 @@ _NOT_ZONE_CHARS = re.compile(r"[^A-Za-z0-9_]+")
 
 
 def _invalid(detail: str) -> ActuatorError:
-    return ActuatorError("invalid_request", detail)
+    return ActuatorError(Reason.INVALID_REQUEST, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,30 +101,6 @@ def zone_name(namespace: str, workload: str) -> str:
     """Return ``detector_<namespace>_<workload>`` with other characters as ``_``, 64 at most."""
     raw = f"detector_{namespace}_{workload}"
     return _NOT_ZONE_CHARS.sub("_", raw)[:64]
-
-
-def rate_limit_from_step(
-    step: PlannedStep,
-    *,
-    burst: int = 0,
-    zone_size: str = DEFAULT_ZONE_SIZE,
-    key: str = GLOBAL_KEY,
-) -> RateLimit:
-    """Return the RateLimit of a planned ``enable_rate_limit`` step.
-
-    The rate is the step's ``limit_rps`` param, as computed by
-    ``detector.runbooks.planner.build_variables`` (the healthy ok rate before the last victim,
-    scaled to the replicas serving, never under the floor) and rendered by the runbook; the
-    zone is named after its ``namespace`` and ``ingress`` params. Raises
-    ActuatorError(``invalid_request``) for another action or a missing / non-integer rate.
-    """
-    if step.action is not Action.ENABLE_RATE_LIMIT:
-        raise _invalid(f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit")
-    rate = coerce_int(step.params.get("limit_rps"))
-    if rate is None:
-        raise _invalid(f"step {step.step_id!r} has no integer limit_rps param")
-    zone = zone_name(step.params.get("namespace", ""), step.params.get("ingress", ""))
-    return RateLimit(zone=zone, rate_per_s=rate, burst=burst, zone_size=zone_size, key=key)
 
 
 def render_http(limit: RateLimit | None) -> str:

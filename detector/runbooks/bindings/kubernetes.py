@@ -10,6 +10,9 @@ account, ``retries = 0``) serves every workload; each step's params name the obj
   order, spaced); each is evicted (PodDisruptionBudgets respected) or deleted;
 - ``enable_rate_limit``: ingress-nginx annotations on the step's Ingress (or the mapped ones),
   or an Envoy Gateway BackendTrafficPolicy on its HTTPRoute.
+
+``ceilings_from_step``, ``ingress_limit_from_step`` and ``policy_requests_from_step`` turn a
+planned step's params into what those actuators take.
 """
 
 from __future__ import annotations
@@ -20,28 +23,25 @@ from typing import Any, Literal
 
 from kubernetes import client, config
 
-from detector.actuators.base import ActuatorError, Plan
-from detector.actuators.kubernetes_api import FIELD_MANAGER, ApiRequest, KubeApi, Verb
-from detector.actuators.kubernetes_gateways import (
+from detector.actuators.base import ActuatorError, Plan, Reason
+from detector.actuators.kubernetes.api import FIELD_MANAGER, ApiRequest, KubeApi, Verb
+from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
     IngressNginxRateLimit,
-    ingress_limit_from_step,
-    policy_requests_from_step,
+    IngressRateLimit,
 )
-from detector.actuators.kubernetes_patch import ENGINE_PARAMS, parse_fields
-from detector.actuators.kubernetes_workloads import (
-    DeploymentCeilings,
-    DeploymentTarget,
-    PodEvictor,
-    ceilings_from_step,
-)
-from detector.actuators.registry_binding import KeyedBinding, workload_of
+from detector.actuators.kubernetes.patch import ENGINE_PARAMS, engine_params, parse_fields
+from detector.actuators.kubernetes.workloads import DeploymentCeilings, DeploymentTarget, PodEvictor
+from detector.capacity.numbers import coerce_int
 from detector.config import KubernetesSettings
 from detector.errors import ConfigError
+from detector.runbooks.bindings.keyed import KeyedBinding, workload_of
+from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 
 log = logging.getLogger(__name__)
 _CONTAINER_KEY = re.compile(r"^containers\[(?P<c>[^\]]+)\]\.(?:args|command|env)\[(?P<n>[^\]]+)\]$")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 CeilingKey = tuple[str, str, str | None, str]  # namespace, Deployment, container, engine
 
 
@@ -86,12 +86,85 @@ def kube_api(cfg: KubernetesSettings) -> KubeApi:
     )
 
 
+def ceilings_from_step(step: PlannedStep) -> tuple[str, dict[str, str]]:
+    """Return (engine, ceilings by engine name) of a planned ``lower_batch_ceiling`` step.
+
+    The ceilings are the step's rendered ``settings`` param (``--max-num-seqs=13
+    --max-model-len=32768`` for vLLM and SGLang, ``MAX_CONCURRENT_REQUESTS=8 ...`` for TGI),
+    each flag or env variable mapped to its ``ENGINE_PARAMS`` name, e.g.
+    ``("vllm", {"max_num_seqs": "13", "max_model_len": "32768"})``; the step's computed
+    ``new_ceiling`` fills ``ceiling_param`` when ``settings`` lacks it. Raises
+    ActuatorError(``invalid_request``): another action, an unknown engine (the runbook then
+    says "set by hand"), a setting that is not a number or not the engine's, no ceiling.
+    """
+    if step.action is not Action.LOWER_BATCH_CEILING:
+        raise ActuatorError(
+            Reason.INVALID_REQUEST, f"step {step.step_id!r} is {step.action.value}, not a ceiling"
+        )
+    engine = step.params.get("engine", "")
+    params = engine_params(engine)
+    names = {p.flag: n for n, p in params.items() if p.flag}
+    names |= {p.env: n for n, p in params.items() if p.env}
+    ceilings: dict[str, str] = {}
+    for word in step.params.get("settings", "").split():
+        key, sep, value = word.partition("=")
+        if not sep or key not in names or not _NUMBER.fullmatch(value):
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"step {step.step_id!r}: {word!r} is not a {engine} ceiling"
+            )
+        ceilings[names[key]] = value
+    param, new = step.params.get("ceiling_param", ""), step.params.get("new_ceiling", "")
+    if param in params and param not in ceilings and _NUMBER.fullmatch(new):
+        ceilings[param] = new
+    if not ceilings:
+        raise ActuatorError(Reason.INVALID_REQUEST, f"step {step.step_id!r} sets no ceiling")
+    return engine, ceilings
+
+
+def _step_int(step: PlannedStep, name: str) -> int | None:
+    """Return the step's integer param ``name``; ActuatorError when set but not an int >= 1."""
+    raw = step.params.get(name)
+    value = coerce_int(raw)
+    if raw is not None and (value is None or value < 1):
+        raise ActuatorError(
+            Reason.INVALID_REQUEST, f"step {step.step_id!r}: {name} {raw!r} is not an int >= 1"
+        )
+    return value
+
+
+def ingress_limit_from_step(step: PlannedStep) -> IngressRateLimit:
+    """Return the ingress-nginx limits of a planned ``enable_rate_limit`` step.
+
+    ``limit_rps`` and ``limit_connections`` as the planner computed them (healthy capacity
+    left, floors applied); the Ingress is the step's ``namespace``/``ingress``. Raises
+    ActuatorError(``invalid_request``) for another action or a bad value.
+    """
+    if step.action is not Action.ENABLE_RATE_LIMIT:
+        raise ActuatorError(
+            Reason.INVALID_REQUEST,
+            f"step {step.step_id!r} is {step.action.value}, not a rate limit",
+        )
+    rps, connections = _step_int(step, "limit_rps"), _step_int(step, "limit_connections")
+    return IngressRateLimit(rps=rps, connections=connections)
+
+
+def policy_requests_from_step(step: PlannedStep) -> int:
+    """Return the requests per second of an Envoy Gateway policy: the step's ``limit_rps``.
+
+    Raises ActuatorError(``invalid_request``) for another action or a missing rate.
+    """
+    rps = ingress_limit_from_step(step).rps
+    if rps is None:
+        raise ActuatorError(Reason.INVALID_REQUEST, f"step {step.step_id!r} has no limit_rps")
+    return rps
+
+
 def _target_parts(target: str, prefix: str) -> list[str]:
     """Return the ``/`` parts after ``kubernetes:PREFIX/``; ActuatorError when another kind."""
     head = f"kubernetes:{prefix}/"
     parts = target.removeprefix(head).split("/")
     if not target.startswith(head) or not all(parts):
-        raise ActuatorError("invalid_request", f"{target} is not a {prefix} target")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"{target} is not a {prefix} target")
     return parts
 
 
@@ -117,7 +190,7 @@ def ceiling_key_of_plan(plan: Plan) -> CeilingKey:
     }
     engine = max(scores, key=lambda e: scores[e])
     if len(containers) != 1 or scores[engine] == 0:
-        raise ActuatorError("invalid_request", f"{plan.target}: no engine ceiling in the plan")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"{plan.target}: no engine ceiling in the plan")
     return namespace, name, containers.pop(), engine
 
 
@@ -127,7 +200,9 @@ def ceilings(api: KubeApi, cfg: KubernetesSettings) -> KeyedBinding[CeilingKey, 
     def key_of_step(step: PlannedStep) -> CeilingKey:
         kind = step.params.get("workload_kind")
         if kind != "Deployment":
-            raise ActuatorError("unsupported", f"{kind} ceilings are not patched: a Deployment")
+            raise ActuatorError(
+                Reason.UNSUPPORTED, f"{kind} ceilings are not patched: a Deployment"
+            )
         engine, _ = ceilings_from_step(step)
         namespace, name = workload_of(step).split("/")
         return namespace, name, cfg.containers.get(f"{namespace}/{name}"), engine
@@ -148,7 +223,7 @@ def ceilings(api: KubeApi, cfg: KubernetesSettings) -> KeyedBinding[CeilingKey, 
 def _pod_of(step: PlannedStep) -> str:
     pod = step.params.get("pod")
     if not pod:
-        raise ActuatorError("invalid_request", f"step {step.step_id!r}: no pod to restart")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"step {step.step_id!r}: no pod to restart")
     return pod
 
 

@@ -26,15 +26,14 @@ https://kubernetes.io/docs/concepts/scheduling-eviction/api-eviction/ .
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from detector.actuators.base import ActionResult, ActuatorError, Operation, Plan, Status
-from detector.actuators.kubernetes import KubernetesActuator, resource_version
-from detector.actuators.kubernetes_api import (
+from detector.actuators.base import ActionResult, ActuatorError, Operation, Plan, Reason, Status
+from detector.actuators.kubernetes.actuator import KubernetesActuator, resource_version
+from detector.actuators.kubernetes.api import (
     DEPLOYMENTS,
     PODS,
     ApiRequest,
@@ -42,7 +41,7 @@ from detector.actuators.kubernetes_api import (
     ObjectRef,
     Verb,
 )
-from detector.actuators.kubernetes_patch import (
+from detector.actuators.kubernetes.patch import (
     RESTARTED_AT,
     STRATEGY,
     Rollout,
@@ -57,11 +56,8 @@ from detector.actuators.kubernetes_patch import (
     merge_diff,
     one_pod_strategy,
 )
-from detector.runbooks.definition import Action
-from detector.runbooks.planner import PlannedStep
 
 _TEMPLATE_ANNOTATIONS = "spec.template.metadata.annotations"
-_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +90,7 @@ class _DeploymentActuator(KubernetesActuator):
 
     def _ref(self, target: str) -> ObjectRef:
         if target != self._target:
-            raise ActuatorError("invalid_request", f"{target} is not {self._target}")
+            raise ActuatorError(Reason.INVALID_REQUEST, f"{target} is not {self._target}")
         return self.deployment.ref
 
     def _fields(self, target: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +112,7 @@ class _DeploymentActuator(KubernetesActuator):
     ) -> ApiRequest | None:
         ref = self._ref(target)
         if obj is None or desired is None:
-            raise ActuatorError("not_found", f"{ref.label} does not exist")
+            raise ActuatorError(Reason.NOT_FOUND, f"{ref.label} does not exist")
         body = self._patch_body(obj, self._fields(target, obj), desired)
         if not body:
             return None
@@ -139,7 +135,7 @@ class _DeploymentActuator(KubernetesActuator):
         for condition in (obj.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Progressing" and condition.get("status") == "False":
                 raise ActuatorError(
-                    "rollout_stalled",
+                    Reason.ROLLOUT_STALLED,
                     f"{self.deployment.ref.label}: {condition.get('reason')}: "
                     f"{condition.get('message')}",
                 )
@@ -148,7 +144,7 @@ class _DeploymentActuator(KubernetesActuator):
 class DeploymentCeilings(_DeploymentActuator):
     """Set a serving engine's ceilings in a Deployment, rolled out one pod at a time."""
 
-    action: ClassVar[str] = Action.LOWER_BATCH_CEILING.value
+    action: ClassVar[str] = "lower_batch_ceiling"
 
     def __init__(
         self,
@@ -170,7 +166,7 @@ class DeploymentCeilings(_DeploymentActuator):
         shell string, env from ``valueFrom``), and the API's errors.
         """
         if not ceilings:
-            raise ActuatorError("invalid_request", "no ceiling to set")
+            raise ActuatorError(Reason.INVALID_REQUEST, "no ceiling to set")
         with self._mutex:
             self.read(self._target)
             obj = self._objects[self._target] or {}
@@ -196,14 +192,16 @@ class DeploymentCeilings(_DeploymentActuator):
         if wanted is None:
             if len(containers) != 1:
                 raise ActuatorError(
-                    "invalid_request",
+                    Reason.INVALID_REQUEST,
                     f"{label} has containers {', '.join(names)}: name the serving one",
                 )
             return dict(containers[0])
         for container in containers:
             if container.get("name") == wanted:
                 return dict(container)
-        raise ActuatorError("not_found", f"{label} has no container {wanted} ({', '.join(names)})")
+        raise ActuatorError(
+            Reason.NOT_FOUND, f"{label} has no container {wanted} ({', '.join(names)})"
+        )
 
     def _fields(self, target: str, obj: dict[str, Any]) -> dict[str, Any]:
         return {**super()._fields(target, obj), **ceiling_fields(self._container(obj), self.engine)}
@@ -221,7 +219,7 @@ class DeploymentCeilings(_DeploymentActuator):
 class DeploymentRestart(_DeploymentActuator):
     """Restart a Deployment's pods one at a time (``kubectl rollout restart``)."""
 
-    action: ClassVar[str] = Action.STAGGER_RESTARTS.value
+    action: ClassVar[str] = "stagger_restarts"
 
     def __init__(
         self, api: KubeApi, deployment: DeploymentTarget, *, rollout: Rollout = "surge"
@@ -234,7 +232,7 @@ class DeploymentRestart(_DeploymentActuator):
         Raises ActuatorError (``invalid_request`` for a naive time; ``not_found``; the API's).
         """
         if at.tzinfo is None:
-            raise ActuatorError("invalid_request", "the restart time must be timezone-aware")
+            raise ActuatorError(Reason.INVALID_REQUEST, "the restart time must be timezone-aware")
         stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._mutex:
             self.read(self._target)
@@ -259,7 +257,7 @@ class PodEvictor(KubernetesActuator):
     budgets. ``grace_period_s`` overrides the pod's termination grace period.
     """
 
-    action: ClassVar[str] = Action.STAGGER_RESTARTS.value
+    action: ClassVar[str] = "stagger_restarts"
     absent_ok: ClassVar[bool] = True
 
     def __init__(
@@ -271,7 +269,9 @@ class PodEvictor(KubernetesActuator):
         grace_period_s: int | None = None,
     ) -> None:
         if mode not in ("evict", "delete"):
-            raise ActuatorError("invalid_request", f"mode must be evict or delete, not {mode!r}")
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"mode must be evict or delete, not {mode!r}"
+            )
         super().__init__(api)
         self.namespace = namespace
         self.mode = mode
@@ -289,7 +289,7 @@ class PodEvictor(KubernetesActuator):
             obj = self.api.get(ref)
             uid = ((obj or {}).get("metadata") or {}).get("uid")
             if obj is None or not uid:
-                raise ActuatorError("not_found", f"{ref.label} does not exist")
+                raise ActuatorError(Reason.NOT_FOUND, f"{ref.label} does not exist")
             target = f"pods/{self.namespace}/{pod}@{uid}"
             self._objects[target] = self._present(target, obj)
             how = (
@@ -307,7 +307,7 @@ class PodEvictor(KubernetesActuator):
             operation=Operation.REVERT,
             status=Status.FAILED,
             summary=plan.summary,
-            reason="irreversible",
+            reason=Reason.IRREVERSIBLE,
             error="an evicted or deleted pod cannot be brought back; its controller replaces it",
             restored=True,
         )
@@ -316,7 +316,9 @@ class PodEvictor(KubernetesActuator):
         path, _, _ = target.partition("@")
         kind, namespace, name = [*path.split("/"), "", "", ""][:3]
         if kind != "pods" or namespace != self.namespace or not name:
-            raise ActuatorError("invalid_request", f"{target} is not a pod of {self.namespace}")
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"{target} is not a pod of {self.namespace}"
+            )
         return ObjectRef(PODS, namespace, name)
 
     def _present(self, target: str, obj: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -348,7 +350,7 @@ class PodEvictor(KubernetesActuator):
     ) -> ApiRequest | None:
         ref = self._ref(target)
         if desired is not None:
-            raise ActuatorError("irreversible", f"{ref.label} cannot be re-created")
+            raise ActuatorError(Reason.IRREVERSIBLE, f"{ref.label} cannot be re-created")
         if obj is None:
             return None
         options: dict[str, Any] = {"preconditions": {"uid": target.partition("@")[2]}}
@@ -363,38 +365,3 @@ class PodEvictor(KubernetesActuator):
             "deleteOptions": options,
         }
         return ApiRequest(Verb.EVICT, ref, eviction)
-
-
-def ceilings_from_step(step: PlannedStep) -> tuple[str, dict[str, str]]:
-    """Return (engine, ceilings by engine name) of a planned ``lower_batch_ceiling`` step.
-
-    The ceilings are the step's rendered ``settings`` param (``--max-num-seqs=13
-    --max-model-len=32768`` for vLLM and SGLang, ``MAX_CONCURRENT_REQUESTS=8 ...`` for TGI),
-    each flag or env variable mapped to its ``ENGINE_PARAMS`` name, e.g.
-    ``("vllm", {"max_num_seqs": "13", "max_model_len": "32768"})``; the step's computed
-    ``new_ceiling`` fills ``ceiling_param`` when ``settings`` lacks it. Raises
-    ActuatorError(``invalid_request``): another action, an unknown engine (the runbook then
-    says "set by hand"), a setting that is not a number or not the engine's, no ceiling.
-    """
-    if step.action is not Action.LOWER_BATCH_CEILING:
-        raise ActuatorError(
-            "invalid_request", f"step {step.step_id!r} is {step.action.value}, not a ceiling"
-        )
-    engine = step.params.get("engine", "")
-    params = engine_params(engine)
-    names = {p.flag: n for n, p in params.items() if p.flag}
-    names |= {p.env: n for n, p in params.items() if p.env}
-    ceilings: dict[str, str] = {}
-    for word in step.params.get("settings", "").split():
-        key, sep, value = word.partition("=")
-        if not sep or key not in names or not _NUMBER.fullmatch(value):
-            raise ActuatorError(
-                "invalid_request", f"step {step.step_id!r}: {word!r} is not a {engine} ceiling"
-            )
-        ceilings[names[key]] = value
-    param, new = step.params.get("ceiling_param", ""), step.params.get("new_ceiling", "")
-    if param in params and param not in ceilings and _NUMBER.fullmatch(new):
-        ceilings[param] = new
-    if not ceilings:
-        raise ActuatorError("invalid_request", f"step {step.step_id!r} sets no ceiling")
-    return engine, ceilings

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from detector.actuators.base import ActuatorError
+from detector.actuators.base import ActuatorError, Reason
 
 STRATEGY = "spec.strategy"
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
@@ -57,7 +57,9 @@ def parse_fields(text: str) -> dict[str, Any]:
                 raise ValueError("no 'key: value'")
             fields[key] = json.loads(value)
         except ValueError as exc:
-            raise ActuatorError("invalid_request", f"field line {number} {line!r}: {exc}") from exc
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"field line {number} {line!r}: {exc}"
+            ) from exc
     return fields
 
 
@@ -165,14 +167,14 @@ def engine_params(engine: str) -> dict[str, EngineParam]:
     except KeyError:
         known = ", ".join(ENGINE_PARAMS)
         raise ActuatorError(
-            "invalid_request", f"unknown engine {engine!r} (known: {known})"
+            Reason.INVALID_REQUEST, f"unknown engine {engine!r} (known: {known})"
         ) from None
 
 
 def format_value(value: int | float | str) -> str:
     """Return a ceiling as the engine reads it (``64``, ``0.85``); bools are refused."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ActuatorError("invalid_request", f"not a ceiling value: {value!r}")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"not a ceiling value: {value!r}")
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -193,7 +195,7 @@ def find_flag(argv: Sequence[str], flag: str) -> tuple[int, str, bool] | None:
         for spelling in _spellings(flag):
             if token == spelling:
                 if index + 1 >= len(argv):
-                    raise ActuatorError("invalid_request", f"{flag} has no value after it")
+                    raise ActuatorError(Reason.INVALID_REQUEST, f"{flag} has no value after it")
                 found = (index, argv[index + 1], False)
             elif token.startswith(spelling + "="):
                 found = (index, token[len(spelling) + 1 :], True)
@@ -294,13 +296,15 @@ def desired_ceiling_fields(
         param = params.get(ceiling)
         if param is None:
             known = ", ".join(params)
-            raise ActuatorError("invalid_request", f"{engine} has no ceiling {ceiling!r} ({known})")
+            raise ActuatorError(
+                Reason.INVALID_REQUEST, f"{engine} has no ceiling {ceiling!r} ({known})"
+            )
         flag_or_env = param.flag or param.env or ceiling
         if _in_shell_string(container, flag_or_env) or (
             _locate(container, param) is None and param.default == "args" and _shell_form(container)
         ):
             raise ActuatorError(
-                "unsupported",
+                Reason.UNSUPPORTED,
                 f"container {name} starts through a shell string: {flag_or_env} cannot be "
                 "set as an argument; change the command by hand",
             )
@@ -348,14 +352,14 @@ def _env_patch(container: Mapping[str, Any], var: str, value: Any) -> dict[str, 
     existing = next((e for e in container.get("env") or [] if e.get("name") == var), None)
     if existing is not None and "valueFrom" in existing:
         raise ActuatorError(
-            "unsupported",
+            Reason.UNSUPPORTED,
             f"env {var} of container {container.get('name')} comes from valueFrom (a "
             "ConfigMap, Secret or field): change it at its source",
         )
     if value is None:
         return {"name": var, "$patch": "delete"}
     if not isinstance(value, str):
-        raise ActuatorError("invalid_request", f"env {var} can only be set to a string value")
+        raise ActuatorError(Reason.INVALID_REQUEST, f"env {var} can only be set to a string value")
     return {"name": var, "value": value}
 
 

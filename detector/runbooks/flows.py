@@ -1,0 +1,226 @@
+"""The runbook flows: plan containment for a cascading incident, advance its steps, decide.
+
+- ``ContainmentFlows.follow(decision, incident, ...)`` plans the runbook when an incident
+  starts cascading and re-plans it when a victim is added (what was applied or approved
+  stays as it was planned then);
+- ``ContainmentFlows.advance(incident, ctx, now, ...)`` makes every step move due at event
+  time ``now`` (:mod:`detector.runbooks.runner`);
+- ``decide(request, ...)`` is the one decide flow of people: approve or deny a step, arm or
+  disarm a workload, switch the kill switch, for every face (CLI, HTTP, Slack, web page).
+
+Everything runs within the caller's transaction (the caller commits).
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from sqlalchemy.orm import Session
+
+from detector.config import Settings
+from detector.correlate.context import IncidentContext
+from detector.correlate.state import Decision, Stage, StageChanged, VictimAdded
+from detector.errors import ApprovalError
+from detector.incidents.flows import jsonable, note
+from detector.incidents.models import Incident
+from detector.runbooks import approvals
+from detector.runbooks import service as run_service
+from detector.runbooks.bindings.base import StepActuator
+from detector.runbooks.definition import Runbook
+from detector.runbooks.models import Control, RunbookStep, StepApproval
+from detector.runbooks.planner import plan
+from detector.runbooks.runner import Containment, advance, settled
+from detector.runbooks.steps import StepRecord, StepState
+from detector.runbooks.transitions import plan_text
+
+
+@dataclass
+class ContainmentFlows:
+    """Plan and advance the runbook of each incident; holds configuration only, no rows.
+
+    ``dry_run`` is the process-wide switch: while True nothing acts for real, whatever is
+    armed. ``containment`` carries the actuator registry and the settings' arming and kill
+    switch (``from_settings``).
+    """
+
+    runbook: Runbook
+    dry_run: bool = True
+    containment: Containment = field(default_factory=Containment)
+
+    def __post_init__(self) -> None:
+        self.containment = replace(self.containment, dry_run=self.dry_run)
+
+    @classmethod
+    def from_settings(
+        cls,
+        runbook: Runbook,
+        settings: Settings,
+        actuators: Mapping[str, StepActuator] | None = None,
+    ) -> ContainmentFlows:
+        """Build the flows of one process: dry-run, arming and kill switch from ``settings``."""
+        containment = Containment(
+            actuators=dict(actuators or {}),
+            armed_workloads=frozenset(settings.containment.armed_workloads),
+            kill_switch=settings.containment.kill_switch,
+        )
+        return cls(runbook, dry_run=settings.dry_run, containment=containment)
+
+    def follow(
+        self, d: Decision, incident: Incident, ctx: IncidentContext | None, *, session: Session
+    ) -> None:
+        """Plan at the start of a cascade; re-plan when a victim dies after the plan was made."""
+        if ctx is None:
+            return
+        run = run_service.run_of(session=session, incident=incident, runbook=self.runbook.name)
+        if isinstance(d, StageChanged) and d.stage is Stage.CASCADING and run is None:
+            self.plan(incident, ctx, d.time, session=session)
+        elif isinstance(d, VictimAdded) and run is not None and d.time > run.created_at.timestamp():
+            # a victim after the plan was made: the restart list grows (an earlier one, met
+            # again when a restarted process re-reads its partition, is in the plan already)
+            self.plan(incident, ctx, d.time, session=session)
+            message = f"runbook re-planned for {d.position} victims"
+            note(session, incident, d.time, "step", message, f"replan:{d.position}")
+
+    def plan(
+        self, incident: Incident, ctx: IncidentContext, time: float, *, session: Session
+    ) -> None:
+        """Store the runbook's steps as planned for the incident's evidence at ``time``."""
+        run = run_service.get_or_create_run(
+            session=session,
+            incident=incident,
+            runbook=self.runbook.name,
+            version=str(self.runbook.version),
+            mode="dry_run" if self.dry_run else "live",
+            time=time,
+        )
+        rows = {row.position: row for row in run.steps}
+        for step in plan(self.runbook, ctx, dry_run=self.dry_run):
+            row = rows.get(step.position)
+            if row is not None and _acted(row):
+                continue  # what was applied or approved stays as it was planned then
+            run_service.upsert_step(
+                session=session,
+                run=run,
+                position=step.position,
+                action=step.action,
+                title=step.title,
+                status=row.status if row is not None else step.status,
+                params=jsonable(step.params),
+                approval=step.approval,
+                result=row.result if row is not None else None,
+                time=time,
+            )
+            note(session, incident, time, "step", f"step {step.position} {step.action} "
+                 f"{step.status}: {step.title} - {plan_text(step)}",
+                 f"step:{step.position}:planned")  # fmt: skip
+
+    def advance(
+        self, incident: Incident, ctx: IncidentContext, now: float, *, session: Session
+    ) -> int:
+        """Make every step move of the incident due at event time ``now`` (Unix seconds).
+
+        Returns how many moves were made (0 before the runbook is planned or once settled).
+        """
+        run = run_service.run_of(session=session, incident=incident, runbook=self.runbook.name)
+        if run is None or settled(run, self.runbook):
+            return 0
+        return advance(
+            session=session,
+            incident=incident,
+            run=run,
+            runbook=self.runbook,
+            ctx=ctx,
+            now=now,
+            containment=self.containment,
+        )
+
+
+def _acted(row: RunbookStep) -> bool:
+    """Return True once a step is past waiting: approved, applied, or decided."""
+    state = StepRecord.from_record(row.result).state
+    return state not in (StepState.PLANNED.value, StepState.AWAITING_APPROVAL.value)
+
+
+class DecisionKind(StrEnum):
+    """What a person decides."""
+
+    APPROVE = "approve"
+    DENY = "deny"
+    ARM = "arm"
+    DISARM = "disarm"
+    KILL_SWITCH_ON = "kill_switch_on"
+    KILL_SWITCH_OFF = "kill_switch_off"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    """One person's decision, as a face received it.
+
+    ``incident`` (key or id) and ``step`` (id or position) for approve/deny; ``workload``
+    (``namespace/workload``) for arm/disarm; ``actor`` is who decides (default: the OS user
+    for controls); ``via`` the face (``cli``, ``http``, ``slack``, ``web``).
+    """
+
+    kind: DecisionKind
+    via: str
+    actor: str = ""
+    reason: str = ""
+    incident: str = ""
+    step: str = ""
+    workload: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionResult:
+    """What a decision changed: the step's approval row, or the switch's row."""
+
+    request: DecisionRequest
+    approval: StepApproval | None = None
+    control: Control | None = None
+
+
+def decide(
+    request: DecisionRequest,
+    *,
+    session: Session,
+    approvers: Collection[str],
+    now: float | None = None,
+) -> DecisionResult:
+    """Carry out one person's decision within the caller's transaction.
+
+    Approve/deny need ``request.actor`` on ``approvers`` (the allow-list) and a step waiting
+    for approval; ``now`` (Unix seconds, default the wall clock) stamps the decision.
+    Raises ApprovalError: ``forbidden``, ``not_found``, ``conflict``; StoreError.
+    """
+    kind = request.kind
+    if kind in (DecisionKind.APPROVE, DecisionKind.DENY):
+        if not approvers:
+            raise ApprovalError(
+                "forbidden", "no approvers configured: set DETECTOR_CONTAINMENT__APPROVERS"
+            )
+        row = approvals.decide(
+            session=session,
+            incident_ref=request.incident,
+            step_ref=request.step,
+            approve=kind is DecisionKind.APPROVE,
+            approver=request.actor,
+            via=request.via,
+            approvers=approvers,
+            reason=request.reason,
+            time=now,
+        )
+        return DecisionResult(request, approval=row)
+    by = request.actor or getpass.getuser()
+    if kind in (DecisionKind.ARM, DecisionKind.DISARM):
+        scope, name = approvals.workload_scope(request.workload), approvals.ARMED
+        enabled = kind is DecisionKind.ARM
+    else:
+        scope, name = approvals.GLOBAL_SCOPE, approvals.KILL_SWITCH
+        enabled = kind is DecisionKind.KILL_SWITCH_ON
+    control = approvals.set_control(
+        session=session, scope=scope, name=name, enabled=enabled, by=by, reason=request.reason
+    )
+    return DecisionResult(request, control=control)
