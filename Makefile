@@ -1,5 +1,6 @@
 # make demo: replay the bundled recordings with the embedded defaults (SQLite, dry-run, console).
-# make test: lint, type-check and run the whole test suite against the real services.
+# make test: lint, type-check, check the import contracts and run the whole test suite against
+# the real services.
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
@@ -39,6 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check detector tests bench migrations
 	$(BIN)/ruff format --check detector tests bench migrations
 	$(BIN)/mypy detector
+	$(BIN)/lint-imports
 
 test: lint services
 	$(BIN)/pytest -q
