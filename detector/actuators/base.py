@@ -86,9 +86,7 @@ class ActuatorError(DetectorError):
     reason: Reason
 
     def __init__(self, reason: Reason, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+        super().__init__(reason, detail)  # the tree's one constructor, ``reason`` typed
 
 
 class ActivationRefused(ActuatorError):

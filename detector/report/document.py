@@ -121,7 +121,7 @@ def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_outcome(step: dict[str, Any], approval: dict[str, Any] | None) -> dict[str, Any]:
-    """Return what the step engine did with a step: state, policy, approval, diff, verification.
+    """Return what the step machine did with a step: state, policy, approval, diff, verification.
 
     ``diff`` is the change applied (its first apply; for staggered restarts every eviction),
     or the change it would make while it has not acted; ``verification`` is its result

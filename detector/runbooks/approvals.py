@@ -3,9 +3,9 @@
 Database reads and writes only (keyword-only ``session``; flushes, never commits: the caller
 owns the transaction), plus the approver policy they enforce:
 
-- a step's approval is requested by the step engine (``request``); a person on the approver
+- a step's approval is requested by the step machine (``request``); a person on the approver
   allow-list approves or denies it (``decide``, called by the one decide flow,
-  ``detector.runbooks.flows.decide``) while it is pending; the engine expires it
+  ``detector.runbooks.flows.decide``) while it is pending; the step machine expires it
   (``expire``). A pending row changes by a conditional
   ``UPDATE ... WHERE status = 'pending'``, so of two racing decisions (or a
   decision and the expiry) exactly one wins; the other gets ``ApprovalError("conflict")``.
@@ -14,7 +14,7 @@ owns the transaction), plus the approver policy they enforce:
 - every actuator call is recorded (``record_action``) for the cap and cooldown rails.
 
 Times are Unix seconds; the approver's decision is stamped with the wall clock (it happens
-now), the engine's moves with event time.
+now), the step machine's moves with event time.
 """
 
 from __future__ import annotations

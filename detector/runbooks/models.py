@@ -121,7 +121,7 @@ class Control(Base):
 class StepAction(Base):
     """One actuator call of a step on a workload: the history the safety rails count.
 
-    ``move`` is the engine's (applied, restarted, rolled_back, lifted, removed); ``live``
+    ``move`` is the step machine's (applied, restarted, rolled_back, lifted, removed); ``live``
     False for a dry run; ``dedupe_key`` makes recording it idempotent.
     """
 

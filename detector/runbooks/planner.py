@@ -44,7 +44,7 @@ class PlannedStep:
     ``awaiting_approval`` (policy ``approval``); ``basis`` explains the numbers. ``policy``,
     ``approval_expiry_s`` (seconds a pending approval waits), ``lift`` (how a temporary
     measure is relaxed after the incident) and ``floors`` (the runbook's, merged with the
-    defaults) are for the step engine.
+    defaults) are for the step machine.
     """
 
     position: int

@@ -1,4 +1,4 @@
-"""Run the step engine for one incident: read its conditions, act, record every transition.
+"""Run the step machine for one incident: read its conditions, act, record every transition.
 
 The adapter side of :mod:`detector.runbooks.transitions`: the conditions come from the store
 (approvals, arming, kill switch, the workload's recent actions) and the incident's evidence;

@@ -108,7 +108,7 @@ def set_step_state(
     result: Mapping[str, Any],
     time: float,
 ) -> None:
-    """Store the engine's ``result`` record and ``status`` of a step; ``time`` stamps it."""
+    """Store the step machine's ``result`` record and ``status`` of a step; ``time`` stamps it."""
     step.status = status
     step.result = clean_json(dict(result))
     step.updated_at = to_datetime(time)

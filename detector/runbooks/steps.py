@@ -1,6 +1,6 @@
 """What the incident store keeps about each containment step: its state, record and approval.
 
-Pure data. ``StepRecord`` is stored as JSON in ``RunbookStep.result``; the step engine
+Pure data. ``StepRecord`` is stored as JSON in ``RunbookStep.result``; the step machine
 (:mod:`detector.runbooks.transitions`) moves it forward, and the reports read it.
 """
 
@@ -42,7 +42,7 @@ class ApprovalStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Approval:
-    """A stored approval decision of one step, as the engine reads it."""
+    """A stored approval decision of one step, as the step machine reads it."""
 
     status: str
     by: str | None = None

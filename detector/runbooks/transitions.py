@@ -1,4 +1,4 @@
-"""The step engine: decide whether and when each planned step acts. Pure, time passed in.
+"""The step machine: decide whether and when each planned step acts. Pure, time passed in.
 
 ``next_transition(steps, records, conditions)`` returns the one next ``Transition`` of an
 incident's planned steps, or None when nothing is due. The caller
@@ -72,7 +72,7 @@ _VERDICTS = frozenset({Move.VERIFIED, Move.ESCALATE, Move.ROLLBACK})
 
 @dataclass(frozen=True, slots=True)
 class Conditions:
-    """Everything besides the steps that the engine decides on, at event time ``now``.
+    """Everything besides the steps that the step machine decides on, at event time ``now``.
 
     ``live``: the process acts for real and the workload is armed; ``actuated``: the actions
     with a real actuator (the others are recorded as dry-run); ``approvals`` by step id;

@@ -1,4 +1,4 @@
-"""The step engine drives the real nginx rate limit: applied when armed, relaxed, then removed.
+"""The step machine drives the real nginx rate limit: applied when armed, relaxed, then removed.
 
 nginx is started by the fixture of test_nginx_actuator.py (Debian package ``nginx``) on free
 loopback ports; the store is a SQLite file. The incident is small: two of four pods died, 5 ok

@@ -1,4 +1,4 @@
-"""The step engine is pure and table-driven: steps, records and conditions in, one move out."""
+"""The step machine is pure and table-driven: steps, records and conditions in, one move out."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Bindings from runbook steps to actuators: the only code that imports ``detector.actuators``."""
+"""Bindings from runbook steps to actuators: which actuator serves which action, and how."""

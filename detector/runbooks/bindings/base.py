@@ -11,7 +11,7 @@ from detector.runbooks.planner import PlannedStep
 
 
 class StepActuator(Protocol):
-    """What the engine needs of an actuator: plan a step's change, apply it, revert it."""
+    """What the step runner needs of an actuator: plan a step's change, apply it, revert it."""
 
     def plan_step(self, step: PlannedStep) -> Plan:
         """Return the exact change ``step`` makes, read against the current content."""

@@ -6,7 +6,7 @@ account, ``retries = 0``) serves every workload; each step's params name the obj
 - ``lower_batch_ceiling``: the step's ``namespace``/``workload`` Deployment (``workload_kind``
   must be Deployment), its engine's ceilings from the rendered ``settings``
   (``ceilings_from_step``), rolled out one pod at a time;
-- ``stagger_restarts``: the engine hands over one pod per move (``pod`` param, in the planned
+- ``stagger_restarts``: the step machine hands over one pod per move (``pod`` param, in the planned
   order, spaced); each is evicted (PodDisruptionBudgets respected) or deleted;
 - ``enable_rate_limit``: ingress-nginx annotations on the step's Ingress (or the mapped ones),
   or an Envoy Gateway BackendTrafficPolicy on its HTTPRoute.

@@ -1,6 +1,6 @@
 """The actuators a process acts through, built from its settings.
 
-``step_actuators(settings)`` returns the registry ``IncidentFlows`` uses, by runbook action.
+``step_actuators(settings)`` returns the registry ``ContainmentFlows`` uses, by runbook action.
 Only the actions whose target is configured are registered; an action without one is
 recorded as a dry-run change (``detector.runbooks.runner.DryRunActuator``). Even a
 registered actuator acts for real only for an armed workload in a process that is not in
