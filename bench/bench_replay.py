@@ -1,9 +1,9 @@
 """Benchmark the replay pipeline against a raw read-and-decode baseline, on this machine.
 
 Run: ``.venv/bin/python bench/bench_replay.py [--records 200000]``. Not a test: it prints
-numbers and asserts nothing (DESIGN.md section 7 sets the targets; bench/README.md explains
-the output). Each phase (and the generator) runs in its own process: Linux keeps
-``ru_maxrss`` across fork and exec, so a child of a big parent would report the parent's peak.
+numbers and asserts nothing (bench/README.md gives the targets and explains the output). Each
+phase (and the generator) runs in its own process: Linux keeps ``ru_maxrss`` across fork and
+exec, so a child of a big parent would report the parent's peak.
 
 Phases, all over the same files (a cascade recording from ``detector.lab.recording``, scaled
 to at least ``--records`` records):

@@ -1,9 +1,9 @@
 """Measure the resident size of ``detector run`` through a one-million-record log storm.
 
 Run: ``.venv/bin/python bench/bench_storm.py [--records 1000000]``. Not a test: it prints
-numbers and asserts nothing (DESIGN.md section 7: memory bounded by the workloads and the
-window, not by the event volume; bench/README.md explains the output). It starts its own
-memory-only Tansu broker (``detector.lab.broker``) and always kills it at the end.
+numbers and asserts nothing (the target: memory bounded by the workloads and the window, not by
+the event volume; bench/README.md explains the output). It starts its own memory-only Tansu
+broker (``detector.lab.broker``) and always kills it at the end.
 
 The storm, written into a temporary folder: the bundled cascade (scale 1), placed at a fifth
 of the storm's event time, inside healthy and noisy traffic of 32 workloads and 272 pods over

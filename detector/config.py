@@ -32,7 +32,7 @@ class DatabaseSettings(BaseModel):
 
 
 class CorrelateSettings(BaseModel):
-    """Thresholds and windows of the cascade pattern (DESIGN.md section 4), in event time."""
+    """Thresholds and windows of the cascade pattern (``correlate.pattern``), in event time."""
 
     window_s: float = Field(300.0, gt=0, description="victims inside this window form a cascade")
     memory_ceiling: float = Field(0.95, gt=0, le=1, description="GPU memory used/total ceiling")

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
-# The machine's server (DESIGN.md section 6): trust auth on 127.0.0.1:5432, database "test".
+# The machine's PostgreSQL server: trust auth on 127.0.0.1:5432, database "test".
 # DETECTOR_TEST_POSTGRES_URL replaces it, e.g. in a CI job with a password.
 PG_ADMIN_URLS = (
     "postgresql+psycopg://postgres@127.0.0.1:5432/test",

@@ -8,7 +8,7 @@ if any stage fails, every target gets its previous content back (re-activated wh
 had started) and the result says whether that worked. ``revert`` applies the inverted plan
 through the same transaction. ``verify`` checks the planned content is what is in place.
 
-Rules every actuator keeps (DESIGN.md section 5, issue 5):
+Rules every actuator keeps:
 
 - dry-run by default: ``apply(plan)`` and ``revert(plan)`` only record the change they would
   make (status ``dry_run``) unless called with ``dry_run=False``;

@@ -1,10 +1,10 @@
 """Envoy local rate limit switched on at runtime, through each Envoy's admin interface.
 
 The step (runbook action ``enable_rate_limit``) turns on an HTTP local rate limit the operator
-has configured in advance (DESIGN.md section 5). The filter
-``envoy.filters.http.local_ratelimit`` answers requests over its token bucket with 429 (its
-``status``) when it is *enabled* and *enforced* for a request; both fractions come from runtime
-keys the filter config names, defaulting to 0% "for safety":
+has configured in advance. The filter ``envoy.filters.http.local_ratelimit`` answers requests
+over its token bucket with 429 (its ``status``) when it is *enabled* and *enforced* for a
+request; both fractions come from runtime keys the filter config names, defaulting to 0% "for
+safety":
 
     typed_config:
       "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit

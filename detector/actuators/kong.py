@@ -1,9 +1,9 @@
 """Kong gateway rate limit: the ``rate-limiting`` plugin of a service or route, via the Admin API.
 
-The step (runbook action ``enable_rate_limit``) sheds load with fast rejections at the gateway
-(DESIGN.md section 5). Kong answers requests over the limit with the plugin's ``error_code``,
-429 unless the plugin was configured otherwise (the plan summary says which), and the body
-``error_message`` ("API rate limit exceeded").
+The step (runbook action ``enable_rate_limit``) sheds load with fast rejections at the gateway.
+Kong answers requests over the limit with the plugin's ``error_code``, 429 unless the plugin
+was configured otherwise (the plan summary says which), and the body ``error_message`` ("API
+rate limit exceeded").
 
 Each scope (``services/<name or id>`` or ``routes/<name or id>``) is one target: the plugin's
 ``enabled``, ``config.second``, ``config.minute``, ``config.policy`` and ``config.limit_by``

@@ -1,8 +1,8 @@
 """Ray Serve: lower a deployment's ``max_ongoing_requests`` live, through the Serve REST API.
 
-The step (runbook action ``lower_batch_ceiling``, DESIGN.md section 5) caps how many requests
-each replica of a deployment holds at once. ``max_ongoing_requests`` is a lightweight config
-update: Serve applies it to the running replicas without restarting them.
+The step (runbook action ``lower_batch_ceiling``) caps how many requests each replica of a
+deployment holds at once. ``max_ongoing_requests`` is a lightweight config update: Serve applies
+it to the running replicas without restarting them.
 
 Calls, on the dashboard port (8265 by default):
 

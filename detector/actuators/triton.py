@@ -1,7 +1,7 @@
 """Triton Inference Server: reload a model with lower dynamic-batching ceilings, no restart.
 
-The step (runbook action ``lower_batch_ceiling``, DESIGN.md section 5) reloads the model with a
-config override: ``GET v2/models/{name}/config`` gives the loaded config (JSON), then
+The step (runbook action ``lower_batch_ceiling``) reloads the model with a config override:
+``GET v2/models/{name}/config`` gives the loaded config (JSON), then
 ``POST v2/repository/models/{name}/load`` with ``{"parameters": {"config": "<JSON text>"}}``
 loads it with ``max_batch_size`` and ``dynamic_batching`` (``max_queue_delay_microseconds``,
 ``preferred_batch_size``, ``default_queue_policy``) changed and every other field as it was.

@@ -1,9 +1,10 @@
 """Safe values for batch ceilings, computed from the model and the engine's own numbers.
 
-DESIGN.md section 5: KV-cache bytes per token = 2 x layers x KV heads x head dim x bytes per
-element; usable memory = GPU memory x utilization - weights - activation reserve; concurrent
-sequences at length L = usable / (bytes per token x L). One path serves ``detector ceilings`` and
-the lower-batch-ceiling runbook step: a ``KvCapacity`` (tokens the KV cache holds, from the
+KV-cache bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
+(the standard KV-cache size, https://arxiv.org/abs/2309.06180 section 2.3); usable memory =
+GPU memory x utilization - weights - activation reserve; concurrent sequences at length L =
+usable / (bytes per token x L). One path serves ``detector ceilings`` and the
+lower-batch-ceiling runbook step: a ``KvCapacity`` (tokens the KV cache holds, from the
 memory formula, ``kv_capacity_from_memory``, or from what the engine logged at start,
 ``kv_capacity_from_evidence``) goes through ``safe_ceilings`` to the engines' ceilings;
 ``ceiling_from_evidence`` lowers the current ceiling to at most that, or halves a documented
@@ -12,7 +13,7 @@ default when nothing was logged.
 Worked example (tests/unit/test_sizing.py): Llama-3.1-8B in bf16 has 32 layers, 8 KV heads and
 head dim 128 (https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json), so
 2 x 32 x 8 x 128 x 2 = 131,072 bytes (128 KiB) per token and 4 GiB per 32,768-token sequence.
-The DESIGN's "about 13 sequences on an 80 GB GPU at 0.90" holds with: 80 GiB x 0.90 = 72 GiB,
+On an 80 GB GPU at utilization 0.90 that leaves about 13 such sequences: 80 GiB x 0.90 = 72 GiB,
 minus 16.06 GB of weights (8,030,261,248 parameters x 2 bytes = 14.96 GiB), minus a 4 GiB
 activation reserve = 53.04 GiB, / 4 GiB = 13.26 -> 13. Without a reserve it would be 14; any
 reserve between about 1 and 5 GiB gives 13.
@@ -87,7 +88,7 @@ DEFAULT_ACTIVATION_RESERVE_BYTES = 4 * GIB
 batched-token budget, non-torch memory (NCCL, cuBLAS workspaces) and CUDA graphs. 4 GiB covers
 the figures vLLM's memory profiler logs in the public examples at hand - activation peak
 2.53 GiB + non-torch 0.39 GiB (https://github.com/vllm-project/vllm/issues/11251), 0.23 +
-0.16 GiB (shared corpus lookalikes/019) - with room left for CUDA graphs, and gives DESIGN.md's
+0.16 GiB (shared corpus lookalikes/019) - with room left for CUDA graphs, and gives the module's
 worked example its 13 sequences. ``detector ceilings --engine-log`` uses the logged figures
 instead when the profiler line is there; ``--activation-reserve`` overrides it."""
 
@@ -128,8 +129,8 @@ def kv_bytes_per_token(
     Inputs come from the model's config.json (num_hidden_layers, num_key_value_heads,
     head_dim or hidden_size / num_attention_heads) and the KV-cache dtype (bf16/fp16: 2, fp8: 1).
     With ``tensor_parallel`` N the KV heads are those of one rank (``kv_heads_per_gpu``), so the
-    result is per GPU. Source: DESIGN.md section 5; https://arxiv.org/abs/2309.06180 (section
-    2.3). Raises ValueError when an input is not positive.
+    result is per GPU. Source: https://arxiv.org/abs/2309.06180 (section 2.3). Raises
+    ValueError when an input is not positive.
     """
     for name, value in (
         ("layers", layers),
@@ -150,7 +151,7 @@ def usable_bytes(
     ``utilization`` is the engine's memory fraction (vLLM ``--gpu-memory-utilization``,
     SGLang ``--mem-fraction-static``), in (0, 1]; the activation reserve is the peak memory of
     a forward pass at the maximum batched tokens plus CUDA graphs and non-torch allocations.
-    Never negative. Source: DESIGN.md section 5;
+    Never negative. Source:
     https://docs.vllm.ai/en/latest/configuration/engine_args.html (--gpu-memory-utilization).
     Raises ValueError when utilization is outside (0, 1] or a size is negative.
     """
@@ -164,8 +165,7 @@ def usable_bytes(
 def max_concurrent_sequences(usable: int, bytes_per_token: int, seq_len: int) -> int:
     """Return how many sequences of ``seq_len`` tokens fit: usable / (bytes per token x seq_len).
 
-    Rounded down. Source: DESIGN.md section 5. Raises ValueError when bytes_per_token or
-    seq_len is not positive.
+    Rounded down. Raises ValueError when bytes_per_token or seq_len is not positive.
     """
     if bytes_per_token <= 0 or seq_len <= 0:
         raise ValueError("bytes_per_token and seq_len must be positive")
@@ -189,7 +189,7 @@ class KvCapacity:
 
     ``tokens`` is per replica (every tensor-parallel rank holds the same tokens);
     ``budget_bytes`` is one GPU's KV-cache memory when known; ``from_log`` is True when the
-    figure is the engine's own startup line, False for the DESIGN.md section 5 formula.
+    figure is the engine's own startup line, False for the memory formula (module docstring).
     """
 
     tokens: int
@@ -209,9 +209,8 @@ def kv_capacity_from_memory(
     """Return the KV capacity of one GPU's memory: usable bytes / bytes per token.
 
     Sizes are bytes of one GPU (weights and bytes per token already divided by tensor
-    parallel); tokens are rounded down to whole ``BLOCK_TOKENS`` blocks. Source: DESIGN.md
-    section 5. Raises ValueError as ``usable_bytes`` does, or when bytes_per_token is not
-    positive.
+    parallel); tokens are rounded down to whole ``BLOCK_TOKENS`` blocks. Raises ValueError as
+    ``usable_bytes`` does, or when bytes_per_token is not positive.
     """
     if bytes_per_token <= 0:
         raise ValueError("bytes_per_token must be positive")
@@ -325,7 +324,7 @@ def safe_ceilings(
 ) -> SafeCeilings:
     """Return the ceilings that fit ``capacity`` with requests of up to ``max_model_len`` tokens.
 
-    max_num_seqs = tokens // max_model_len (DESIGN.md section 5, rounded down).
+    max_num_seqs = tokens // max_model_len (rounded down).
     max_num_batched_tokens = min(batched_tokens, tokens), at least max_num_seqs (vLLM requires
     it); chunked prefill (vLLM V1 always, SGLang chunked_prefill_size) lets a longer prompt
     take several steps. Raises ValueError when max_model_len or batched_tokens is not positive.
@@ -347,8 +346,7 @@ def connection_limit(
     """Return the gateway's concurrent-connection limit for the capacity left, and its basis.
 
     limit = max(floor, max(serving, 1) x per-replica ceiling ``param``): with every replica
-    down it is sized for the first one back. Source: DESIGN.md section 5 ("limits come from
-    the healthy capacity left").
+    down it is sized for the first one back: a limit comes from the healthy capacity left.
     """
     replicas = max(serving, 1)
     limit = max(floor, replicas * per_replica)

@@ -1,4 +1,4 @@
-"""``detector ceilings``: safe batch ceilings for a model on a GPU, computed (DESIGN.md section 5).
+"""``detector ceilings``: safe batch ceilings for a model on a GPU, computed, not guessed.
 
 Inputs: the model's Hugging Face config.json (a multimodal config's ``text_config`` first, then
 the top level), GPU memory, utilization and tensor parallel; optionally the engine's startup log

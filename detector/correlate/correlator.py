@@ -25,7 +25,7 @@ _LB = SignalKind.LB_RESPONSE
 
 
 class Correlator:
-    """Recognize GPU OOM cascades in a stream of signals (DESIGN.md section 4).
+    """Recognize GPU OOM cascades in a stream of signals (rules: :mod:`detector.correlate.pattern`).
 
     ``observe(signal)`` returns the decisions the signal caused, in order; the clock is the
     latest event time seen, so out-of-order records within the windows are handled by
@@ -144,7 +144,9 @@ class Correlator:
         self._note_engine(ws, sig)
         if not sig.attrs.get("ambiguous"):
             return pattern.on_gpu_oom(ws, sig, self.cfg)
-        # The line alone cannot decide: the workload's context must (DESIGN.md section 4).
+        # The line alone cannot decide: the workload's context must. It counts as a GPU OOM with
+        # an open incident, memory pressure on the pod or a recent crash loop of it; otherwise
+        # it waits in ``ws.ambiguous`` for the pod's crash loop to confirm it.
         pod = sig.pod or "?"
         recent = [c for c in ws.crash_loops if c.pod == pod and sig.time - c.time <= 60.0]
         if ws.incident is not None or ws.pressure_of(pod) is not None or recent:

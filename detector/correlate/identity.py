@@ -1,6 +1,6 @@
 """Map a signal to the workload it belongs to (cluster, namespace, Deployment/StatefulSet).
 
-Rules, in order (DESIGN.md section 4):
+Rules, in order:
 1. load-balancer signals: the upstream name, through the YAML mapping, else the ingress-nginx
    convention ``<namespace>-<service>-<port>`` with the service named after the workload;
    a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;

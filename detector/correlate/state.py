@@ -12,7 +12,13 @@ from detector.events.model import Signal, SourcePos
 
 
 class Stage(StrEnum):
-    """Stages of a cascade incident (DESIGN.md section 4)."""
+    """Stages of a cascade incident.
+
+    ``suspected``: one pod died of GPU OOM, or memory is at the ceiling while 5xx rise;
+    ``cascading``: another pod died of GPU OOM inside the window, or 5xx stayed above threshold
+    while surviving pods sit at the memory ceiling; ``contained``: no new GPU OOM for
+    ``contained_after_s`` and 5xx under threshold; ``resolved``: contained for ``quiet_s`` more.
+    """
 
     SUSPECTED = "suspected"
     CASCADING = "cascading"

@@ -47,6 +47,8 @@ class IncidentRecorder:
         if isinstance(d, VerdictRecorded):
             record_verdict(d, session=session)
             return None
+        if isinstance(d, IncidentOpened):
+            self.forget_settled(contexts)  # keeps the cache as small as the correlator's
         incident = self._incident(d, session)
         if isinstance(d, StageChanged):
             service.set_stage(session=session, incident=incident, stage=d.stage.value, time=d.time)

@@ -1,4 +1,8 @@
-"""Answer the on-call engineer's three questions (DESIGN.md section 1) from an incident's evidence.
+"""Answer the on-call engineer's three questions from an incident's evidence.
+
+The questions: what were the batch size and maximum sequence length just before the OOM? Does
+dynamic batching have hard ceilings on both batch size and queue wait? Is paged attention (or
+another memory-managed KV cache) active in the serving engine?
 
 Pure: reads an IncidentContext only. Each answer is a short factual sentence with the numbers
 and the source position of the signal that answered it; an unanswered (or partly answered)
@@ -363,7 +367,7 @@ def answer_paged_attention(ctx: IncidentContext) -> Answer:
 
 
 def answer_questions(ctx: IncidentContext) -> list[Answer]:
-    """Answer the three questions of DESIGN.md section 1, in order, from the incident's signals."""
+    """Answer the three questions (module docstring), in order, from the incident's signals."""
     return [
         answer_batch_and_seq_len(ctx),
         answer_batching_ceilings(ctx),

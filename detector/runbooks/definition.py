@@ -3,7 +3,7 @@
 A runbook is an ordered list of steps. Each step names an action from a closed set, carries
 its parameters as Jinja2 template strings (rendered by :mod:`detector.runbooks.render` from the
 incident's variables), an approval policy, a verification, what to do when verification fails,
-a cooldown and the floors its computed values may never go under (DESIGN.md section 5).
+a cooldown and the floors its computed values may never go under.
 
 Approval policy: ``policy: auto`` applies a step as soon as its turn comes; ``policy: approval``
 waits for a person on the approver allow-list (``approval: approver:<group>`` names who is

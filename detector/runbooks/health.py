@@ -3,8 +3,7 @@
 A ``Health`` is read from the ``IncidentContext`` the correlator keeps: the victims, the latest
 GPU OOM, the latest load-balancer window's 5xx rate, the latest memory-ceiling crossing and the
 pods seen Ready. The step machine keeps the one taken when a step was applied (its baseline)
-and compares it with a later one (DESIGN.md section 5: did errors fall, did OOMs stop, did
-memory stop rising).
+and compares it with a later one: did errors fall, did OOMs stop, did memory stop rising.
 """
 
 from __future__ import annotations

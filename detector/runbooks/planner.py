@@ -264,7 +264,7 @@ def memory_headroom(signals: tuple[Signal, ...], pod: str) -> float | None:
     """Return the pod's latest memory headroom (0..1, free share), or None when unknown.
 
     KV-cache usage (engine_pressure ``kv_cache_usage``) is preferred, since engines that
-    pre-reserve VRAM sit near their reservation when idle (DESIGN.md section 4); then GPU
+    pre-reserve VRAM (vLLM, TGI, SGLang) sit near their reservation even when idle; then GPU
     memory (gpu_memory used/total or free/total), then the free/capacity bytes of its GPU OOM.
     """
     kv: list[tuple[float, float]] = []

@@ -36,7 +36,7 @@ from detector.runbooks.steps import Approval, StepRecord, StepState
 
 ENGINE_ACTOR = "detector"
 CALM_STAGES = ("contained", "resolved")
-FLOOR_PARAMS = {  # param -> the Floors field it may never go under (DESIGN.md section 8)
+FLOOR_PARAMS = {  # param -> the Floors field it may never go under
     "new_ceiling": "batch_ceiling",
     "limit_rps": "rate_limit_rps",
     "limit_connections": "limit_connections",
@@ -332,7 +332,7 @@ def _pods(step: PlannedStep) -> list[str]:
 
 
 def next_restart_at(step: PlannedStep, rec: StepRecord, health: Health) -> float:
-    """Return when the next pod may restart: never two at once (DESIGN.md section 5).
+    """Return when the next pod may restart: never two at once.
 
     After the previous restart at t: t + spacing_s, or its Ready time + warmup_s if later,
     when that pod was seen Ready after t; else t + spacing_s + warmup_s (an evicted pod comes

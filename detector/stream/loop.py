@@ -1,11 +1,12 @@
 """The live loop: consume a batch, process it in one transaction, then commit its offsets.
 
-Order per batch (at-least-once, DESIGN.md section 8): parse -> correlate -> record incidents
-and dead letters -> flush dead-letter records -> database commit -> Kafka offset commit. Polled
-records pass a reorder buffer first (``detector.stream.reorder``), so that partitions are taken
-in event-time order while the consumer catches up. On an assignment the correlator's state is
-rebuilt by re-reading the last ``correlate.window_s`` of each partition before its committed
-offset; the writes are idempotent, so nothing duplicates.
+Order per batch (at-least-once: offsets are committed only after the database transaction):
+parse -> correlate -> the batch stages of ``pipeline.Processor`` (record incidents, contain)
+or a dead letter -> flush dead-letter records -> database commit -> Kafka offset commit.
+Polled records pass a reorder buffer first (``detector.stream.reorder``), so that partitions
+are taken in event-time order while the consumer catches up. On an assignment the
+correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of each partition
+before its committed offset; the writes are idempotent, so nothing duplicates.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ holds polled records until every partition that is still *behind* (records left 
 watermark, or not fetched yet) has been read up to their time: the watermark is the smallest time
 of the latest record read from each of those partitions, and records at or before it are
 released in time order. Partitions that are caught up do not hold the watermark, so a live
-stream is released as soon as it is polled.
-(DESIGN.md section 8: event time with a bounded lateness.) The consumer does not pause the
-partitions ahead: kafka-python 3.0 with Tansu stopped fetching resumed partitions in our tests,
-so the buffer's own bounds do that work.
+stream is released as soon as it is polled: event time, with a bounded lateness. The consumer
+does not pause the partitions ahead: kafka-python 3.0 with Tansu stopped fetching resumed
+partitions in our tests, so the buffer's own bounds do that work.
 
 Bounds: at most ``max_records`` held (the oldest are released beyond that) and at most
 ``max_hold_s`` seconds of wall-clock time without a release (then everything is released), so a

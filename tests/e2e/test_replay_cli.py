@@ -155,7 +155,7 @@ def test_a_plain_text_pod_log_is_read_with_the_identity_given(tmp_path: Path) ->
 
 
 def test_every_step_shows_its_change_approval_and_verification(demo: dict[str, Any]) -> None:
-    """Issue 5's done-when: the dry-run replay shows, per step, diff, approval, verification."""
+    """The dry-run replay shows, per step, its diff, approval and verification."""
     inc = demo["incidents"][0]
     ceiling, rate, restart = inc["steps"]
     for step in inc["steps"]:

@@ -205,7 +205,7 @@ def test_dtype_bytes_rejects(name: str | None) -> None:
 
 
 MODEL_CASES = [
-    # DESIGN.md section 5: 128 KiB per token; weights 8,030,261,248 x 2 = 16,060,522,496;
+    # Llama-3.1-8B bf16: 128 KiB per token; weights 8,030,261,248 x 2 = 16,060,522,496;
     # 77,309,411,328 - 16,060,522,496 - 4,294,967,296 = 56,953,921,536 (53.04 GiB);
     # / 131,072 = 434,523 -> 434,512 tokens (16-token blocks); / 32,768 = 13.26 -> 13.
     (LLAMA, 1, 131_072, 131_072, 16_060_522_496, 56_953_921_536, 434_512, 13),

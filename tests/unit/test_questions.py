@@ -1,4 +1,4 @@
-"""The three on-call questions of DESIGN.md section 1, answered from an incident's signals."""
+"""The three on-call questions (detector.incidents.questions), answered from the signals."""
 
 from __future__ import annotations
 

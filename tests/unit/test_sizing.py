@@ -1,4 +1,4 @@
-"""Safe-value math of DESIGN.md section 5 and the batch ceiling proposed from evidence."""
+"""Safe-value math (detector.capacity.sizing) and the batch ceiling proposed from evidence."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_llama_31_8b_bf16_is_128_kib_per_token_and_4_gib_per_32k_sequence() -> N
 
 
 def test_design_example_about_13_sequences_on_80_gb_at_090() -> None:
-    # DESIGN.md: "on an 80 GB GPU at 0.90 that leaves room for about 13 such sequences".
+    # The worked example of detector.capacity.sizing: about 13 32k-token sequences fit.
     # Assumed: 80 GiB device, bf16 weights of 8.03 B parameters (16.06 GB = 14.96 GiB),
     # 4 GiB activation reserve -> 53.04 GiB usable -> 13.26 -> 13.
     weights = LLAMA_31_8B_PARAMS * 2

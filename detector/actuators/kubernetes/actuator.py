@@ -76,8 +76,9 @@ READ_PERMISSIONS: frozenset[Permission] = frozenset(
         Permission("policy", "poddisruptionbudgets", "list"),
     }
 )
-"""Reads DESIGN.md section 5 grants the detector beside the actuators' own calls: watching
-pods, Deployments and events for signals and for the staggered-restart planner."""
+"""Read-only grants the detector needs beside the actuators' own calls (least privilege):
+watching pods, Deployments and events for signals and for the staggered-restart planner, and
+reading PodDisruptionBudgets."""
 
 RBAC_PERMISSIONS: frozenset[Permission] = ACTUATOR_PERMISSIONS | READ_PERMISSIONS
 """Every grant of deploy/rbac.yaml; the manifest test checks the file against it."""

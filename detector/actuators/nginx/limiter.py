@@ -1,8 +1,8 @@
 """Plain nginx gateway rate limit: write two include files, ``nginx -t``, then reload.
 
 The step (runbook action ``enable_rate_limit``) answers excess requests with HTTP 429 at the
-gateway in front of the workload (DESIGN.md section 5). What it writes and how the operator
-wires it: :mod:`detector.actuators.nginx.config`. One apply is one transaction
+gateway in front of the workload. What it writes and how the operator wires it:
+:mod:`detector.actuators.nginx.config`. One apply is one transaction
 (:class:`detector.actuators.base.Actuator`): both files are replaced atomically, the whole
 configuration is checked with ``nginx -t`` and only then reloaded with ``nginx -s reload``; a
 configuration that fails the check is written back and never reloaded. The previous content

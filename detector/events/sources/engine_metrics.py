@@ -1,7 +1,7 @@
 """Serving-engine ``/metrics`` samples (vLLM, TGI, SGLang) -> ENGINE_PRESSURE attrs.
 
 Engines that pre-reserve VRAM sit near 90% GPU memory when idle, so their pressure is read from
-their own gauges (DESIGN.md section 4):
+their own gauges:
 
 - kv_cache_usage (0..1): vLLM ``vllm:gpu_cache_usage_perc`` (V0) / ``vllm:kv_cache_usage_perc``
   (V1), SGLang ``sglang:token_usage``;
