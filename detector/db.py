@@ -6,15 +6,20 @@ The ORM models live with the domain that owns them (``detector.incidents.models`
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import (
     BigInteger,
@@ -28,9 +33,10 @@ from sqlalchemy import (
     create_engine,
     event,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -43,6 +49,13 @@ R = TypeVar("R")
 
 # The Alembic scripts live in the top-level migrations/ folder of the source tree.
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+
+
+_URL_VAR = "DETECTOR_DATABASE__URL"
+
+# The key of the PostgreSQL advisory lock held while migrating (any fixed 64-bit number):
+# the bytes of "detector", as a signed bigint.
+MIGRATE_LOCK_KEY = int.from_bytes(b"detector", "big", signed=True)
 
 
 # Constraint names are fixed so that migrations (and SQLite batch mode) can refer to them.
@@ -119,7 +132,7 @@ def make_engine(url: str) -> Engine:
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise StoreError(f"cannot use database URL {_redact(url)}: {exc}") from exc
     if engine.dialect.name == "sqlite":
-        is_file = parsed.database not in (None, "", ":memory:") and "mode=memory" not in url
+        is_file = _sqlite_file(parsed) is not None
         event.listen(engine, "connect", _sqlite_on_connect(wal=is_file))
     return engine
 
@@ -132,13 +145,118 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` up to ``revision`` (``alembic upgrade head``).
 
-    Raises ``StoreError`` when the migration scripts are missing or a migration fails.
+    Safe when several processes start at once on a new database: the migration runs under a
+    lock (``migration_lock``), so one process migrates while the others wait, then find the
+    schema at ``revision`` and do nothing. Raises ``StoreError`` when the migration scripts
+    are missing, the lock cannot be taken or a migration fails.
+    """
+    config = _alembic_config(url)
+    with migration_lock(url):
+        try:
+            command.upgrade(config, revision)
+        except (CommandError, SQLAlchemyError) as exc:
+            raise StoreError(f"migrating {_redact(url)} to {revision} failed: {exc}") from exc
+    log.info("database migrated url=%s revision=%s", _redact(url), revision)
+
+
+@contextmanager
+def migration_lock(url: str) -> Iterator[None]:
+    """Hold the store's migration lock for the duration of the ``with`` block.
+
+    PostgreSQL: the session-level advisory lock ``MIGRATE_LOCK_KEY`` (``pg_advisory_lock``),
+    taken on a connection of its own and released after (the server also releases it when the
+    connection dies); https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS.
+    A SQLite file: ``flock`` on ``<file>.migrate.lock`` beside it (the file is left there).
+    In-memory SQLite and other databases: no lock. Blocks until the lock is free; raises
+    ``StoreError`` when the database or the lock file cannot be reached.
     """
     try:
-        command.upgrade(_alembic_config(url), revision)
-    except (CommandError, SQLAlchemyError) as exc:
-        raise StoreError(f"migrating {_redact(url)} to {revision} failed: {exc}") from exc
-    log.info("database migrated url=%s revision=%s", _redact(url), revision)
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"cannot use database URL {_redact(url)}: {exc}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        with _advisory_lock(url):
+            yield
+    elif backend == "sqlite" and (path := _sqlite_file(parsed)) is not None:
+        with _file_lock(Path(f"{path}.migrate.lock"), url):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def _advisory_lock(url: str) -> Iterator[None]:
+    """Hold the PostgreSQL advisory migration lock on a dedicated connection."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            key = {"key": MIGRATE_LOCK_KEY}
+            if not conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), key):
+                log.info("waiting for the migration lock url=%s", _redact(url))
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot lock {_redact(url)} for migrating: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _file_lock(path: Path, url: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StoreError(f"cannot lock {_redact(url)} for migrating: {exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for the migration lock url=%s", _redact(url))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
+
+
+def require_head(url: str) -> None:
+    """Check that the store at ``url`` exists and is migrated to head; create nothing.
+
+    For the commands that change a running detector's store (kill switch, arming, approvals):
+    a mistyped URL must not yield a new empty store. A SQLite file must exist (in-memory
+    SQLite is always empty); then Alembic's current revision must be the scripts' head.
+    Raises ``StoreError`` with one line that names the URL (password hidden).
+    """
+    where = _redact(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"cannot use database URL {where}: {exc}") from exc
+    if parsed.get_backend_name() == "sqlite":
+        path = _sqlite_file(parsed)
+        if path is None or not Path(path).is_file():
+            what = "an in-memory database is empty" if path is None else "no such file"
+            raise StoreError(f"no incident store at {where} ({what}): check --db or {_URL_VAR}")
+    heads = set(ScriptDirectory.from_config(_alembic_config(url)).get_heads())
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = set(MigrationContext.configure(conn).get_current_heads())
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot read the incident store at {where}: {_first_line(exc)}") from exc
+    finally:
+        engine.dispose()
+    if current != heads:
+        at = f"at revision {', '.join(sorted(current))}" if current else "not migrated"
+        raise StoreError(
+            f"the incident store at {where} is {at}, not at head {', '.join(sorted(heads))}: "
+            f"check --db or {_URL_VAR}, or run `detector migrate` once"
+        )
 
 
 def downgrade(url: str, revision: str = "base") -> None:
@@ -254,6 +372,25 @@ def _sqlite_on_connect(*, wal: bool) -> Any:
             cursor.close()
 
     return on_connect
+
+
+def _sqlite_file(parsed: URL) -> str | None:
+    """Return the file of a SQLite URL, or None for an in-memory database."""
+    database = parsed.database or ""
+    if database in ("", ":memory:") or "mode=memory" in database:
+        return None
+    if parsed.query.get("mode") == "memory":
+        return None
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database.removeprefix("file:").partition("?")[0]
+    return database
+
+
+def _first_line(exc: SQLAlchemyError) -> str:
+    """Return the first line of a database error's message (without SQLAlchemy's links)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _redact(url: str) -> str:

@@ -110,6 +110,41 @@ def test_upgrade_failure_is_a_store_error(tmp_path: Path) -> None:
         db.upgrade(f"sqlite:///{missing_dir}")
 
 
+def test_require_head_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(StoreError, match=r"no incident store at sqlite:///.*missing\.db"):
+        db.require_head(f"sqlite:///{missing}")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(StoreError, match="in-memory"):
+        db.require_head("sqlite://")
+
+
+def test_require_head_refuses_an_unmigrated_store_then_accepts_it_at_head(
+    sqlite_url: str,
+) -> None:
+    eng = db.make_engine(sqlite_url)
+    try:
+        with eng.connect() as conn:
+            conn.exec_driver_sql("CREATE TABLE other (x INTEGER)")
+    finally:
+        eng.dispose()
+    with pytest.raises(StoreError, match="is not migrated, not at head"):
+        db.require_head(sqlite_url)
+    db.upgrade(sqlite_url, "0001")
+    with pytest.raises(StoreError, match="at revision 0001, not at head"):
+        db.require_head(sqlite_url)
+    db.upgrade(sqlite_url)
+    db.require_head(sqlite_url)
+
+
+def test_require_head_hides_the_password() -> None:
+    url = "postgresql+psycopg://ops:s3cret@127.0.0.1:1/nowhere"
+    with pytest.raises(StoreError) as caught:
+        db.require_head(url)
+    assert "s3cret" not in str(caught.value) and "***" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("raw", "clean"),
     [
