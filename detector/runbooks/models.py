@@ -92,6 +92,8 @@ class StepApproval(Base):
     decided_by: Mapped[str | None] = mapped_column(String(255))
     via: Mapped[str | None] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
+    plan_digest: Mapped[str | None] = mapped_column(String(64))
+    decided_event_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     incident: Mapped[Incident] = relationship(
         backref=backref(
             "approvals",
