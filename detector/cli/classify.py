@@ -31,6 +31,7 @@ import typer
 
 from detector.events.classify import NUMBER_FIELDS, Classification, OomClass
 from detector.events.multiline import OomHit, classify_record, find_ooms_numbered
+from detector.textsafe import printable, printable_json
 
 MAX_LINE_BYTES = 1 << 20  # longer input lines are cut here (a JSON line then fails to parse)
 EXCERPT_CHARS = 300  # --multiline prints this much of each OOM's text
@@ -75,12 +76,13 @@ def classify_cmd(
                 records = read_records(name, stream)
                 rows = multiline_rows(name, records) if multiline else map(line_row, records)
                 for row in rows:
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    # DEL, C1 and bidi controls as \uXXXX too: json.dumps leaves them raw
+                    out.write(printable_json(json.dumps(row, ensure_ascii=False)) + "\n")
     except BrokenPipeError as exc:  # the reader went away (| head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from exc
     except OSError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}"), err=True)
         raise typer.Exit(2) from exc
 
 

@@ -1,4 +1,8 @@
-"""Print the read model's document as the readable console report (rich markup escaped)."""
+"""Print the read model's document as the readable console report.
+
+Every value of the document is printed through ``_t``: control and bidi characters shown as
+escapes (``detector.textsafe.printable``), then rich markup escaped.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from detector.report.document import CORE_SIGNALS, ReplayResult, to_document
+from detector.textsafe import printable
 
 
 def render_report(result: ReplayResult, console: Console) -> None:
@@ -17,51 +22,52 @@ def render_report(result: ReplayResult, console: Console) -> None:
     doc = to_document(result)
     ev = doc["events"]
     console.print(
-        f"[bold]records[/bold] read={ev['read']} parsed={ev['parsed']} "
-        f"rejected={ev['rejected']} signals={ev['signals']}"
+        f"[bold]records[/bold] read={_t(ev['read'])} parsed={_t(ev['parsed'])} "
+        f"rejected={_t(ev['rejected'])} signals={_t(ev['signals'])}"
     )
     if ev["rejected_by_reason"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(ev["rejected_by_reason"].items()))
-        console.print(f"  rejected by reason: {escape(reasons)} (kept as dead letters)")
+        console.print(f"  rejected by reason: {_t(reasons)} (kept as dead letters)")
     console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
     for inc in doc["incidents"]:
         _render_incident(inc, console)
     console.print(f"\n[bold]{len(doc['verdicts'])} verdict(s): not this pattern[/bold]")
     for v in doc["verdicts"]:
-        console.print(f"- {escape(v['workload'])}: {escape(v['verdict'])}")
-        console.print(f"  {escape(v['reason'])}", soft_wrap=True)
+        console.print(f"- {_t(v['workload'], one_line=True)}: {_t(v['verdict'])}")
+        console.print(f"  {_t(v['reason'])}", soft_wrap=True)
 
 
 def _render_incident(inc: dict[str, Any], console: Console) -> None:
-    console.rule(f"incident #{inc['id']} {inc['pattern']} {escape(inc['workload'])}")
-    console.print(f"stage: [bold red]{inc['stage']}[/bold red]   opened: {inc['opened_at']}")
-    console.print("victims in order: " + escape(" -> ".join(inc["pods"]) or "none yet"))
-    marks = [f"{k} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
+    console.rule(
+        f"incident #{_t(inc['id'])} {_t(inc['pattern'])} {_t(inc['workload'], one_line=True)}"
+    )
+    stage, opened = _t(inc["stage"]), _t(inc["opened_at"])
+    console.print(f"stage: [bold red]{stage}[/bold red]   opened: {opened}")
+    console.print("victims in order: " + _t(" -> ".join(inc["pods"]) or "none yet", one_line=True))
+    marks = [f"{_t(k)} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
     console.print("signals: " + ", ".join(marks))
     console.print("[bold]containment runbook[/bold]")
     for s in inc["steps"]:
         console.print(
-            f"  {s['position']}. [bold]{s['action']}[/bold] "
-            + escape(f"[{s['status']}, approval {s['approval']}] {s['title']}")
+            f"  {_t(s['position'])}. [bold]{_t(s['action'])}[/bold] "
+            + _t(f"[{s['status']}, approval {s['approval']}] {s['title']}")
         )
         for key, value in s["params"].items():
             if key not in ("namespace", "workload", "workload_kind"):
                 text = value if isinstance(value, str) else json.dumps(value)
-                console.print(f"     {key}: {escape(text)}", soft_wrap=True)
+                console.print(f"     {_t(key)}: {_t(text)}", soft_wrap=True)
         _render_outcome(s, console)
     console.print("[bold]questions[/bold]")
     for q in inc["questions"]:
-        console.print(f"? {escape(q['question'])}")
+        console.print(f"? {_t(q['question'])}")
         if q["answer"]:
-            where = (
-                f"  [dim](evidence: {escape(str(q['evidence']))})[/dim]" if q["evidence"] else ""
-            )
-            console.print(f"  {escape(q['answer'])}{where}", soft_wrap=True)
+            where = f"  [dim](evidence: {_t(q['evidence'])})[/dim]" if q["evidence"] else ""
+            console.print(f"  {_t(q['answer'])}{where}", soft_wrap=True)
         else:
-            console.print(f"  [yellow]unanswered[/yellow] - check: {escape(q['to_check'])}")
+            console.print(f"  [yellow]unanswered[/yellow] - check: {_t(q['to_check'])}")
     console.print("[bold]timeline[/bold]")
     for t in inc["timeline"]:
-        line = f"  {_hhmmss(t['time'])} {t['kind']:<8} {escape(t['message'])}"
+        line = f"  {_hhmmss(t['time'])} {_t(t['kind']):<8} {_t(t['message'])}"
         console.print(line, soft_wrap=True)
 
 
@@ -73,11 +79,20 @@ def _render_outcome(s: dict[str, Any], console: Console) -> None:
         f"state {s['state']} ({s['mode'] or 'not acted'}); approval {approval['status']}{who}; "
         f"verification {check['result']}"
     )
-    console.print(f"     [bold]{escape(line)}[/bold]", soft_wrap=True)
+    console.print(f"     [bold]{_t(line)}[/bold]", soft_wrap=True)
     if s["reason"]:
-        console.print(f"     {escape(s['reason'])}", soft_wrap=True)
+        console.print(f"     {_t(s['reason'])}", soft_wrap=True)
     for row in s["diff"].splitlines():
-        console.print(f"     [dim]{escape(row)}[/dim]", soft_wrap=True, highlight=False)
+        console.print(f"     [dim]{_t(row)}[/dim]", soft_wrap=True, highlight=False)
+
+
+def _t(value: Any, *, one_line: bool = False) -> str:
+    """Return a document value as console text: controls shown as escapes, markup escaped.
+
+    ``one_line`` escapes newlines too, for names (workloads, pods) that must not break a line.
+    """
+    text = value if isinstance(value, str) else str(value)
+    return escape(printable(text, one_line=one_line))
 
 
 def _hhmmss(value: str | None) -> str:

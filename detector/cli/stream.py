@@ -21,6 +21,7 @@ from detector.errors import ConfigError, DetectorError
 from detector.report.document import incident_document
 from detector.report.read import load_incidents
 from detector.stream.app import produce_files, run_stream
+from detector.textsafe import printable
 
 DbOption = Annotated[
     str | None, typer.Option("--db", help="SQLAlchemy URL (default: DETECTOR_DATABASE__URL)")
@@ -79,7 +80,7 @@ def run_cmd(
         signal.signal(signal.SIGINT, on_signal)
         run_stream(settings, stop)
     except DetectorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}"), err=True)
         raise typer.Exit(2) from exc
 
 
@@ -97,9 +98,9 @@ def produce_cmd(
             settings.kafka.bootstrap_servers = bootstrap
         sent = produce_files(paths, topic, settings, rate_per_s=rate)
     except (DetectorError, FileNotFoundError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}"), err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"produced {sent} records to {topic}")
+    typer.echo(printable(f"produced {sent} records to {topic}"))
 
 
 def incidents_cmd(
@@ -119,17 +120,15 @@ def incidents_cmd(
         finally:
             engine.dispose()
     except DetectorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}"), err=True)
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(incidents, indent=2, default=str))
         return
     console = Console()
     for inc in incidents:
-        console.print(
-            f"{inc['key']}  {inc['stage']}  {inc['workload']}  victims={len(inc['pods'])}",
-            markup=False,
-        )
+        line = f"{inc['key']}  {inc['stage']}  {inc['workload']}  victims={len(inc['pods'])}"
+        console.print(printable(line, one_line=True), markup=False, soft_wrap=True)
     if not incidents:
         console.print("no incidents")
 
