@@ -447,12 +447,22 @@ def _batched_tokens(
 def _current_basis(engine: str, param: str, current: int | None, assumed: int) -> str:
     if current is not None:
         seen = "seen in the engine's startup lines"
-        return f"{engine} {param} {current:,} ({seen}), halved to {current // 2:,}"
+        return f"{engine} {param} {current:,} ({seen}); at most half of it: {current // 2:,}"
     source = _DEFAULT_SOURCE.get(engine, _DEFAULT_SOURCE["unknown"])
     return (
         f"{engine} {param} not in the engine's startup lines: assumed {assumed:,}, {source} - "
-        f"a default, not an observation; halved to {assumed // 2:,}"
+        f"a default, not an observation; at most half of it: {assumed // 2:,}"
     )
+
+
+def _binding(half: int, kv_fit: int | None, floor: int) -> str:
+    """Return which constraint set the proposed ceiling, in words."""
+    target = half if kv_fit is None else min(half, kv_fit)
+    if floor > target:
+        return f"set by the floor {floor}"
+    if kv_fit is not None and kv_fit < half:
+        return "set by the KV-cache fit"
+    return "set by halving the current ceiling"
 
 
 def ceiling_from_evidence(
@@ -485,7 +495,12 @@ def ceiling_from_evidence(
     basis = _current_basis(engine, param, current, assumed)
     if kv_basis:
         basis += f"; {kv_basis}"
-    basis += f"; proposed {param} = max(floor {floor}, {target:,}) = {raw:,}"
+    half = assumed // 2
+    inner = f"half {half:,}" if kv_fit is None else f"min(half {half:,}, KV fit {kv_fit:,})"
+    basis += (
+        f"; proposed {param} = max(floor {floor}, {inner}) = {raw:,}, "
+        f"{_binding(half, kv_fit, floor)}"
+    )
     if proposed != raw:
         basis += f", kept at the current {proposed:,} (a lowering step never raises a ceiling)"
     tokens_param, tokens_current, tokens_new, tokens_basis = _batched_tokens(

@@ -66,8 +66,9 @@ def _render_incident(inc: dict[str, Any], console: Console) -> None:
         else:
             console.print(f"  [yellow]unanswered[/yellow] - check: {_t(q['to_check'])}")
     console.print("[bold]timeline[/bold]")
+    day = _day(inc["opened_at"])
     for t in inc["timeline"]:
-        line = f"  {_hhmmss(t['time'])} {_t(t['kind']):<8} {_t(t['message'])}"
+        line = f"  {_when(t['time'], day)} {_t(t['kind']):<8} {_t(t['message'])}"
         console.print(line, soft_wrap=True)
 
 
@@ -95,7 +96,15 @@ def _t(value: Any, *, one_line: bool = False) -> str:
     return escape(printable(text, one_line=one_line))
 
 
-def _hhmmss(value: str | None) -> str:
+def _day(value: str | None) -> str:
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d") if value else ""
+
+
+def _when(value: str | None, day: str) -> str:
+    """Return HH:MM:SS UTC, with the date in front when it is not the incident's first day
+    (a person's decision stamped with the wall clock, long after a recorded incident)."""
     if not value:
         return "--:--:--"
-    return datetime.fromisoformat(value).astimezone(UTC).strftime("%H:%M:%S")
+    moment = datetime.fromisoformat(value).astimezone(UTC)
+    clock = moment.strftime("%H:%M:%S")
+    return clock if moment.strftime("%Y-%m-%d") == day else f"{moment:%Y-%m-%d} {clock} UTC"

@@ -15,7 +15,7 @@ from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
 from detector.correlate.state import Decision, IncidentState, WorkloadState
-from detector.correlate.windows import ERROR_STATUSES, RateWindow
+from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow
 from detector.events.model import Signal, SignalKind
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
@@ -62,7 +62,8 @@ class Correlator:
             return []
         ws = self.workloads.get(ref)
         if ws is None:
-            ws = self.workloads[ref] = WorkloadState(ref, RateWindow(self.cfg.rate_window_s))
+            width = self.cfg.rate_window_s
+            ws = self.workloads[ref] = WorkloadState(ref, RateWindow(width), ClientWindow(width))
         time, kind, pod = signal.time, signal.kind, signal.pod
         now = time if time > self.now else self.now
         if pod and (kind is not _LB or signal.attrs.get("sidecar")):
@@ -189,7 +190,9 @@ class Correlator:
             del ws.engine_config[next(iter(ws.engine_config))]
         if ws.incident is None:
             return []
-        return pattern.attach_config(ws.incident, sig, self.cfg)
+        return pattern.attach_config(ws.incident, sig, self.cfg) + pattern.on_engine_back(
+            ws, sig, self.cfg
+        )
 
     def _gpu_memory(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         key = str(sig.attrs.get("uuid") or f"{sig.node}/{sig.attrs.get('gpu')}")
@@ -269,6 +272,9 @@ class Correlator:
             return []
         lb, cfg = ws.lb, self.cfg
         lb.add(sig.time, status, count)
+        client, proxy = attrs.get("client"), sig.pod
+        if client is not None or proxy is not None:  # a sidecar's pod serves, it is no proxy
+            ws.clients.add(sig.time, client, None if attrs.get("sidecar") else proxy, count)
         ws.last_lb = sig
         above = lb.exceeds(cfg.error_rate_per_s, cfg.error_ratio)
         if ws.errors_above_since is None:
@@ -322,8 +328,11 @@ def _response_count(ws: WorkloadState, sig: Signal) -> int:
 
 
 def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
-    """Return ``sig`` carrying the workload's load-balancer window rates (per second)."""
+    """Return ``sig`` carrying the workload's load-balancer window rates (per second) and
+    its client distribution (``clients``, ``client_max_requests``, ``client_requests`` over
+    ``clients_span_s``, ``clients_capped``; ``proxies``: proxy instances that logged them)."""
     lb = ws.lb
+    seen = ws.clients.stats(sig.time)
     summary = (
         f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
         f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"
@@ -337,6 +346,12 @@ def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
         "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
         "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
         "window_s": lb.width_s,
+        "clients": seen.clients,
+        "client_max_requests": seen.max_requests,
+        "client_requests": seen.requests,
+        "clients_span_s": seen.span_s,
+        "clients_capped": seen.capped,
+        "proxies": seen.proxies,
     }
     return replace(sig, attrs=attrs)
 

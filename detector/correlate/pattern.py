@@ -42,6 +42,25 @@ def attach_config(inc: IncidentState, sig: Signal, cfg: CorrelateSettings) -> li
     return attach(inc, "engine_config", sig, config_summary(sig), cfg)
 
 
+ENGINE_UP_KEYS = frozenset({"kv_cache_tokens", "kv_cache_bytes", "gpu_blocks", "max_concurrency"})
+
+
+def on_engine_back(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
+    """Attach a victim's engine startup end (its KV cache allocated) after its last GPU OOM.
+
+    The engine serves again: recovery evidence of kind ``pod_ready``, once per restart, even
+    when the engine logs the same values as before its crash.
+    """
+    inc, pod = ws.incident, sig.pod or ""
+    last_oom = ws.last_oom.get(pod)
+    if inc is None or pod not in inc.victims or last_oom is None or sig.time <= last_oom:
+        return []
+    if ENGINE_UP_KEYS.isdisjoint(sig.attrs) or (pod, f"up@{last_oom}") in inc.seen_configs:
+        return []
+    inc.seen_configs.add((pod, f"up@{last_oom}"))
+    return attach(inc, "pod_ready", sig, f"pod {pod}: engine started again (KV cache ready)", cfg)
+
+
 def on_gpu_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
     """Apply a GPU OOM of one pod: open an incident, add a victim, or escalate."""
     pod = sig.pod or "?"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time as _clock
 from collections.abc import Collection
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, func, select, update
@@ -64,10 +63,12 @@ def request(
     group: str | None,
     time: float,
     expires_at: float | None,
+    digest: str | None = None,
 ) -> StepApproval:
     """Record that a step needs approval (pending), or that policy ``auto`` approved it.
 
-    Idempotent: an existing row for the step is returned unchanged.
+    ``digest`` names the plan asked for (``transitions.plan_digest``). Idempotent: an existing
+    row for the step is returned unchanged.
     """
     auto = policy == "auto"
     values = {
@@ -83,6 +84,7 @@ def request(
         "decided_by": "policy:auto" if auto else None,
         "via": "policy" if auto else None,
         "reason": "",
+        "plan_digest": digest,
     }
     insert_ignore(session, StepApproval, values, ["incident_id", "step_id"])
     session.expire(incident, ["approvals"])
@@ -102,20 +104,17 @@ def approvals_of(*, session: Session, incident: Incident) -> dict[str, StepAppro
     return {row.step_id: row for row in rows}
 
 
-def _set_pending(
-    session: Session,
-    row: StepApproval,
-    status: str,
-    by: str | None,
-    via: str,
-    reason: str,
-    at: datetime,
-) -> bool:
-    """Move a pending row to ``status``; False when it was no longer pending."""
+def _set_pending(session: Session, row: StepApproval, **values: Any) -> bool:
+    """Update a pending row with ``values``; False when it was no longer pending.
+
+    A conditional ``UPDATE ... WHERE status = 'pending'``: of two racing changes one wins.
+    """
+    if "reason" in values:
+        values["reason"] = clean_text(values["reason"])
     stmt = (
         update(StepApproval)
         .where(StepApproval.id == row.id, StepApproval.status == ApprovalStatus.PENDING.value)
-        .values(status=status, decided_at=at, decided_by=by, via=via, reason=clean_text(reason))
+        .values(**values)
         .execution_options(synchronize_session=False)
     )
     won = session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
@@ -123,15 +122,51 @@ def _set_pending(
     return won
 
 
-@store_errors
-def expire(*, session: Session, incident: Incident, step_id: str, time: float, reason: str) -> bool:
-    """Expire the step's pending approval (nothing is applied); False when not pending."""
+def _pending_row(session: Session, incident: Incident, step_id: str) -> StepApproval | None:
     stmt = select(StepApproval).filter_by(incident_id=incident.id, step_id=step_id)
-    row = session.scalars(stmt).one_or_none()
+    return session.scalars(stmt).one_or_none()
+
+
+@store_errors
+def close_pending(
+    *, session: Session, incident: Incident, step_id: str, status: str, time: float, reason: str
+) -> bool:
+    """Close the step's pending approval as ``expired`` or ``withdrawn`` by the step machine.
+
+    Nothing is applied. Returns False when the row was not pending (a person decided first).
+    """
+    row = _pending_row(session, incident, step_id)
     if row is None:
         return False
-    status, at = ApprovalStatus.EXPIRED.value, to_datetime(time)
-    return _set_pending(session, row, status, None, "engine", reason, at)
+    status = ApprovalStatus(status).value
+    at = to_datetime(time)
+    return _set_pending(session, row, status=status, decided_at=at, via="engine", reason=reason)
+
+
+@store_errors
+def rerequest(
+    *,
+    session: Session,
+    incident: Incident,
+    step_id: str,
+    time: float,
+    expires_at: float | None,
+    digest: str | None,
+) -> bool:
+    """Ask again for a changed plan: the pending row gets the new digest, time and expiry.
+
+    A decision on the old plan (its digest) is refused from then on. False when the row was
+    not pending (a person decided first: that decision is read next).
+    """
+    row = _pending_row(session, incident, step_id)
+    if row is None:
+        return False
+    values = {
+        "requested_at": to_datetime(time),
+        "expires_at": None if expires_at is None else to_datetime(expires_at),
+        "plan_digest": digest,
+    }
+    return _set_pending(session, row, **values)
 
 
 def find_incident(*, session: Session, ref: str) -> Incident:
@@ -171,11 +206,18 @@ def decide(
     approvers: Collection[str],
     reason: str = "",
     time: float | None = None,
+    plan: str | None = None,
 ) -> StepApproval:
     """Approve or deny a pending step as ``approver``; record it on the timeline.
 
-    ``incident_ref`` is the incident key or id, ``step_ref`` the step id or its position.
-    Raises ApprovalError: ``forbidden`` (not on ``approvers``), ``not_found``, ``conflict``.
+    ``incident_ref`` is the incident key or id, ``step_ref`` the step id or its position;
+    ``plan`` the digest of the plan the person saw (None: the plan pending now). A decision
+    is a person's act in wall-clock time: ``time`` (Unix seconds, default the wall clock) is
+    compared with the approval's expiry and stamps the decision; the event time the detector
+    had reached (the incident's latest) is kept too, and the step moves at that event time.
+    Raises ApprovalError: ``forbidden`` (not on ``approvers``), ``not_found``, ``conflict``
+    (not pending: not requested yet, decided, expired or withdrawn; past its expiry; or the
+    plan changed since ``plan``). A refused decision changes nothing.
     """
     if not may_approve(approver, approvers):
         raise ApprovalError("forbidden", f"{approver!r} is not on the approver allow-list")
@@ -183,7 +225,10 @@ def decide(
     row = _find_step(session, incident, step_ref)
     status = (ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED).value
     now = _clock.time() if time is None else time
-    if not _set_pending(session, row, status, approver, via, reason, to_datetime(now)):
+    _check_decidable(row, now, plan)
+    values = {"status": status, "decided_at": to_datetime(now), "decided_by": approver,
+              "via": via, "reason": reason, "decided_event_at": incident.updated_at}  # fmt: skip
+    if not _set_pending(session, row, **values):
         raise ApprovalError("conflict", f"step {row.step_id!r} is {row.status}, not pending")
     message = f"step {row.position} {row.step_id} {status} by {approver} via {via}" + (
         f": {reason}" if reason else ""
@@ -195,6 +240,8 @@ def decide(
         "actor": approver,
         "via": via,
         "reason": reason,
+        "plan": row.plan_digest,
+        "event_time": incident.updated_at.isoformat(),
     }
     service.add_timeline_entry(
         session=session,
@@ -206,6 +253,22 @@ def decide(
         detail=detail,
     )
     return row
+
+
+def _check_decidable(row: StepApproval, now: float, plan: str | None) -> None:
+    """Raise ApprovalError(``conflict``) unless ``row`` may be decided at wall-clock ``now``."""
+    step = f"step {row.position} {row.step_id}"
+    if row.status == ApprovalStatus.WITHDRAWN.value:
+        raise ApprovalError("conflict", f"{step} was withdrawn: {row.reason or 'not needed'}")
+    if row.status != ApprovalStatus.PENDING.value:
+        raise ApprovalError("conflict", f"{step} is {row.status}, not pending")
+    if row.expires_at is not None and row.expires_at.timestamp() <= now:
+        when = row.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        raise ApprovalError("conflict", f"{step} expired at {when}: nothing changed")
+    if plan is not None and plan != row.plan_digest:
+        raise ApprovalError(
+            "conflict", f"{step}: the plan changed (now {row.plan_digest}, not {plan}): look again"
+        )
 
 
 @store_errors

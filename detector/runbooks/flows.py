@@ -26,7 +26,7 @@ from detector.correlate.state import Decision, Stage, StageChanged, VictimAdded
 from detector.errors import ApprovalError
 from detector.incidents.flows import jsonable, note
 from detector.incidents.models import Incident
-from detector.runbooks import approvals
+from detector.runbooks import approvals, controls
 from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Runbook
@@ -125,7 +125,7 @@ class ContainmentFlows:
         Returns how many moves were made (0 before the runbook is planned or once settled).
         """
         run = run_service.run_of(session=session, incident=incident, runbook=self.runbook.name)
-        if run is None or settled(run, self.runbook):
+        if run is None or settled(run, self.runbook, incident.stage):
             return 0
         return advance(
             session=session,
@@ -171,6 +171,9 @@ class DecisionRequest:
     incident: str = ""
     step: str = ""
     workload: str = ""
+    plan: str = ""  # approve/deny: the digest of the plan the person saw ("": the pending one)
+    force: bool = False  # arm/disarm: a workload the store has never seen
+    host: str = ""  # controls: the machine the face ran on (the CLI's host name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +214,37 @@ def decide(
             approvers=approvers,
             reason=request.reason,
             time=now,
+            plan=request.plan or None,
         )
         return DecisionResult(request, approval=row)
     by = request.actor or getpass.getuser()
     if kind in (DecisionKind.ARM, DecisionKind.DISARM):
         scope, name = approvals.workload_scope(request.workload), approvals.ARMED
         enabled = kind is DecisionKind.ARM
+        if not request.force:
+            _require_known_workload(session, scope)
     else:
         scope, name = approvals.GLOBAL_SCOPE, approvals.KILL_SWITCH
         enabled = kind is DecisionKind.KILL_SWITCH_ON
-    control = approvals.set_control(
-        session=session, scope=scope, name=name, enabled=enabled, by=by, reason=request.reason
+    origin = controls.ControlOrigin(by, request.via, request.host, request.reason)
+    controls.change(
+        session=session, scope=scope, name=name, enabled=enabled, origin=origin, time=now
     )
+    control = session.get(Control, (scope, name))
     return DecisionResult(request, control=control)
+
+
+def _require_known_workload(session: Session, scope: str) -> None:
+    """Refuse to arm or disarm a workload the store has never seen (a typo, most likely).
+
+    Raises ApprovalError(``not_found``) naming the known workloads that look close.
+    """
+    if controls.is_known(session=session, scope=scope):
+        return
+    close = controls.close_workloads(scope, controls.known_workloads(session=session))
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ApprovalError(
+        "not_found",
+        f"the store has no incident, verdict or step action of {scope!r}{hint} "
+        "(--force to set it anyway)",
+    )

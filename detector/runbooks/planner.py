@@ -13,23 +13,18 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from detector.capacity.sizing import (
-    CeilingProposal,
-    ceiling_from_evidence,
-    coerce_float,
-    coerce_int,
-    connection_limit,
-)
+from detector.capacity.sizing import CeilingProposal, ceiling_from_evidence, coerce_float
 from detector.correlate.context import IncidentContext
+from detector.correlate.pattern import ENGINE_UP_KEYS
 from detector.events.model import Signal, SignalKind
 from detector.incidents.questions import engine_config
 from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
+from detector.runbooks.rate_limits import GatewayLimits, Traffic, gateway_limits, traffic_before
 from detector.runbooks.render import render_step
 
 RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
 DEFAULT_SPACING_S = 120.0  # restart spacing when no model load time is in the logs
 MAX_LOAD_S = 1800.0  # a start longer than this is not one model load (a stuck or crashed start)
-KV_READY_KEYS = ("kv_cache_tokens", "kv_cache_bytes", "gpu_blocks", "max_concurrency")
 DEFAULT_FLOORS = Floors(
     batch_ceiling=1, batched_tokens=512, rate_limit_rps=1, limit_connections=1, spacing_s=30.0
 )
@@ -62,21 +57,6 @@ class PlannedStep:
     approval_expiry_s: float = 600.0
     lift: Lift | None = None
     floors: Floors = DEFAULT_FLOORS
-
-
-@dataclass(frozen=True, slots=True)
-class Traffic:
-    """Load-balancer counts over a window before the last victim, and the rates they give."""
-
-    window_s: float
-    requests: int
-    ok: int  # 2xx and 3xx
-    errors_5xx: int
-    rate_limited: int  # 429
-
-    def rate(self, count: int) -> float:
-        """Return ``count`` per second over the window, rounded to 3 decimals."""
-        return round(count / self.window_s, 3)
 
 
 def _merge_floors(floors: Floors | None) -> Floors:
@@ -125,50 +105,6 @@ def last_victim_time(ctx: IncidentContext) -> float:
     return max((s.time for s in ctx.signals), default=ctx.opened_at)
 
 
-def traffic_before(signals: tuple[Signal, ...], end: float, window_s: float) -> Traffic:
-    """Count LB_RESPONSE lines (attrs status, count) in [end - window_s, end].
-
-    A correlator window summary (attrs ``baseline_ok_rate_per_s``, ``request_rate_per_s``,
-    ``error_rate_per_s``, ``throttled_rate_per_s``) stands for the traffic of its window;
-    the latest one at or before ``end`` wins over individual lines.
-    """
-    summaries = [
-        s
-        for s in signals
-        if s.kind is SignalKind.LB_RESPONSE and "baseline_ok_rate_per_s" in s.attrs
-    ]
-    if summaries:
-        before = [s for s in summaries if s.time <= end] or summaries[:1]
-        return _traffic_from_summary(before[-1], window_s)
-    requests = ok = errors = limited = 0
-    for sig in signals:
-        if sig.kind is not SignalKind.LB_RESPONSE or not end - window_s <= sig.time <= end:
-            continue
-        count = coerce_int(sig.attrs.get("count"))
-        count = count if count is not None and count > 0 else 1
-        status = coerce_int(sig.attrs.get("status")) or 0
-        requests += count
-        if 200 <= status < 400:
-            ok += count
-        elif 500 <= status < 600:
-            errors += count
-        elif status == 429:
-            limited += count
-    return Traffic(window_s, requests, ok, errors, limited)
-
-
-def _traffic_from_summary(sig: Signal, window_s: float) -> Traffic:
-    """Turn a window summary's rates (per second) into counts over ``window_s``."""
-    a = sig.attrs
-
-    def count(key: str) -> int:
-        return round((coerce_float(a.get(key)) or 0.0) * window_s)
-
-    ok = count("baseline_ok_rate_per_s")
-    errors, limited = count("error_rate_per_s"), count("throttled_rate_per_s")
-    return Traffic(window_s, ok + errors + limited, ok, errors, limited)
-
-
 def observed_upstream(signals: tuple[Signal, ...]) -> str | None:
     """Return the upstream most LB_RESPONSE lines name (first seen wins a tie), or None."""
     names = Counter(
@@ -179,41 +115,12 @@ def observed_upstream(signals: tuple[Signal, ...]) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
-def _rate_limit(
-    traffic: Traffic, healthy: int, seen: int, ceiling: CeilingProposal, floors: Floors
-) -> dict[str, Any]:
-    rps_floor = floors.rate_limit_rps or 1
-    # with every replica down, size the limits for the first replica that comes back
-    serving = max(healthy, 1)
-    connections, conn_basis = connection_limit(
-        healthy, ceiling.proposed, param=ceiling.param, floor=floors.limit_connections or 1
-    )
-    if traffic.requests == 0 or seen == 0:
-        basis = (
-            f"no load-balancer lines in the {traffic.window_s:g} s before the last victim: "
-            f"limit-rps set to its floor {rps_floor} - check the gateway's request rate "
-            f"before approving; {conn_basis}"
-        )
-        return {"rate_limit_rps": rps_floor, "limit_connections": connections, "basis": basis}
-    ok_rate = traffic.ok / traffic.window_s
-    raw = ok_rate * serving / seen
-    rps = max(rps_floor, math.floor(raw))
-    basis = (
-        f"ok rate {ok_rate:.3g}/s over {traffic.window_s:g} s before the last victim x "
-        f"serving {serving} (healthy {healthy}, at least the first one back) / seen {seen} "
-        f"= {raw:.3g}/s; limit-rps = max(floor {rps_floor}, "
-        f"{math.floor(raw)}) = {rps} (ingress-nginx applies it per client IP and controller "
-        f"replica); {conn_basis}"
-    )
-    return {"rate_limit_rps": rps, "limit_connections": connections, "basis": basis}
-
-
 def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
     """Return the longest model load seen in the engine startup evidence, and where.
 
     Either logged as ``model_load_s`` (ENGINE_CONFIG attrs), or measured per pod from the
     engine's startup lines already parsed: an ENGINE_CONFIG line of arguments starts a load,
-    the next line of the same pod that reports its KV cache (``KV_READY_KEYS``: vLLM "GPU KV
+    the next line of the same pod that reports its KV cache (``ENGINE_UP_KEYS``: vLLM "GPU KV
     cache size", "Available KV cache memory", "# GPU blocks", "Maximum concurrency") ends it.
     Loads over ``MAX_LOAD_S`` are ignored. (None, "") when neither is there.
     """
@@ -227,7 +134,7 @@ def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
     best: tuple[float, str, float, float] | None = None
     for sig in sorted(configs, key=lambda s: s.time):
         pod = sig.pod or ""
-        if not any(k in sig.attrs for k in KV_READY_KEYS):
+        if ENGINE_UP_KEYS.isdisjoint(sig.attrs):
             started.setdefault(pod, sig.time)
             continue
         start = started.pop(pod, None)
@@ -305,20 +212,53 @@ def _oom_free_share(a: dict[str, Any]) -> float | None:
 _FREE_SHARE = {SignalKind.GPU_MEMORY: _free_share, SignalKind.GPU_OOM: _oom_free_share}
 
 
+_FAILURES = frozenset({SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD, SignalKind.CRASH_LOOP})
+_READINGS = frozenset({SignalKind.GPU_MEMORY, SignalKind.ENGINE_PRESSURE})
+
+
+def pods_now(signals: tuple[Signal, ...]) -> tuple[set[str], set[str]]:
+    """Return (pods recovered, pods off the ceiling) as the latest evidence shows them.
+
+    A pod recovered when, after its last failure (GPU OOM, engine dead, crash loop), it was
+    seen Ready or its engine logged the end of its startup (the KV cache allocated: the model
+    is loaded and the engine serves); a pod is off the ceiling when its latest memory or
+    engine-pressure reading carries no ``pressure`` mark.
+    """
+    failed: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    reading: dict[str, Signal] = {}
+    for s in signals:
+        if not s.pod:
+            continue
+        if s.kind in _FAILURES:
+            failed[s.pod] = max(s.time, failed.get(s.pod, s.time))
+        elif s.kind is SignalKind.POD_READY or (
+            s.kind is SignalKind.ENGINE_CONFIG and not ENGINE_UP_KEYS.isdisjoint(s.attrs)
+        ):
+            ready[s.pod] = max(s.time, ready.get(s.pod, s.time))
+        elif s.kind in _READINGS and (s.pod not in reading or s.time >= reading[s.pod].time):
+            reading[s.pod] = s
+    recovered = {p for p, t in ready.items() if t > failed.get(p, float("-inf"))}
+    cooled = {p for p, s in reading.items() if "pressure" not in s.attrs}
+    return recovered, cooled
+
+
 def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     """Return (crashed pods, healthy pods at the ceiling, basis) in restart order; pure.
 
+    Only pods still down or still at the ceiling as the evidence stands now (``pods_now``).
     Crashed pods (the victims) come first: they serve nothing, so restarting them costs no
     capacity. Then the healthy pods whose memory pressure reached a ceiling (the correlator
     marks those signals with ``pressure``): the next victims, restarted under the lowered
     ceiling. Within each group the most memory headroom first (``memory_headroom``), pods
     of unknown headroom last, ties in order of failure / first sight.
     """
-    victims = list(ctx.victims)
+    recovered, cooled = pods_now(ctx.signals)
+    victims = [p for p in ctx.victims if p not in recovered]
     at_ceiling = [
         p
         for p in dict.fromkeys(s.pod for s in ctx.signals if s.pod and "pressure" in s.attrs)
-        if p not in victims
+        if p not in ctx.victims and p not in cooled
     ]
     headroom = {p: memory_headroom(ctx.signals, p) for p in [*victims, *at_ceiling]}
 
@@ -345,9 +285,13 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
     replicas_seen, healthy_replicas, engine, current (latest engine_config attrs), ceiling
     (CeilingProposal fields plus current_is_default), proposed ({param: value}), ceiling_basis,
     window_s, request_count, request_rate_per_s, ok_rate_per_s, error_rate_per_s,
-    rate_limited_per_s, rate_limit_rps, limit_connections, rate_limit_basis, ingress_name,
-    upstream, restart_order (crashed_pods then healthy_restarts, see ``restart_plan``),
-    restart_order_basis, spacing_s, model_load_s, spacing_basis. Rates are per second.
+    rate_limited_per_s, clients_seen, client_max_rate_per_s, gateway_replicas_seen, the 429
+    step's sizing (``detector.runbooks.rate_limits``: aggregate_budget_rps, aggregate_limit_rpm,
+    aggregate_connections; rate_limit_rps and limit_connections per client IP and controller
+    replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
+    clients seen), rate_limit_basis, ingress_name, upstream, restart_order (crashed_pods then
+    healthy_restarts, see ``restart_plan``), restart_order_basis, spacing_s, model_load_s,
+    spacing_basis. Rates are per second.
     """
     floors = _merge_floors(floors)
     victims = list(ctx.victims)
@@ -358,7 +302,14 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
         config, floor=floors.batch_ceiling or 1, batched_tokens_floor=floors.batched_tokens or 1
     )
     traffic = traffic_before(ctx.signals, last_victim_time(ctx), RATE_WINDOW_S)
-    limits = _rate_limit(traffic, healthy, len(seen_pods), ceiling, floors)
+    limits = gateway_limits(
+        traffic,
+        healthy,
+        len(seen_pods),
+        ceiling,
+        rps_floor=floors.rate_limit_rps or 1,
+        connections_floor=floors.limit_connections or 1,
+    )
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
     return {
@@ -374,9 +325,7 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
         "current": dict(config),
         **_ceiling_variables(ceiling),
         **_traffic_variables(traffic),
-        "rate_limit_rps": limits["rate_limit_rps"],
-        "limit_connections": limits["limit_connections"],
-        "rate_limit_basis": limits["basis"],
+        **_limit_variables(limits),
         "ingress_name": ctx.workload,
         "upstream": observed_upstream(ctx.signals),
         "restart_order": crashed + healthy_restarts,
@@ -409,6 +358,22 @@ def _traffic_variables(traffic: Traffic) -> dict[str, Any]:
         "ok_rate_per_s": traffic.rate(traffic.ok),
         "error_rate_per_s": traffic.rate(traffic.errors_5xx),
         "rate_limited_per_s": traffic.rate(traffic.rate_limited),
+        "clients_seen": traffic.clients,
+        "client_max_rate_per_s": traffic.client_max_rate_per_s,
+        "gateway_replicas_seen": traffic.proxies,
+    }
+
+
+def _limit_variables(limits: GatewayLimits) -> dict[str, Any]:
+    return {
+        "aggregate_budget_rps": limits.budget_rps,
+        "aggregate_limit_rpm": limits.aggregate_rpm,
+        "aggregate_connections": limits.aggregate_connections,
+        "rate_limit_rps": limits.per_client_rps,
+        "limit_connections": limits.per_client_connections,
+        "aggregate_bound_rps": limits.bound_rps,
+        "aggregate_bound_connections": limits.bound_connections,
+        "rate_limit_basis": limits.basis,
     }
 
 

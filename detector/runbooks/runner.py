@@ -28,8 +28,8 @@ from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Action, Runbook
 from detector.runbooks.health import health
-from detector.runbooks.models import RunbookRun, RunbookStep
-from detector.runbooks.planner import PlannedStep, planned_step
+from detector.runbooks.models import RunbookRun, RunbookStep, StepApproval
+from detector.runbooks.planner import PlannedStep, plan, planned_step
 from detector.runbooks.steps import Approval, StepRecord, StepState
 from detector.runbooks.transitions import (
     ACTUATOR_MOVES,
@@ -53,6 +53,7 @@ _DONE = frozenset(
         StepState.FAILED,
         StepState.ROLLED_BACK,
         StepState.LIFTED,
+        StepState.WITHDRAWN,
     }
 )
 
@@ -174,12 +175,18 @@ def records_of(run: RunbookRun) -> dict[int, StepRecord]:
     return {row.position: StepRecord.from_record(row.result) for row in run.steps}
 
 
-def settled(run: RunbookRun, runbook: Runbook) -> bool:
-    """Return True when no step of ``run`` can move again (a cheap check before a tick)."""
+def settled(run: RunbookRun, runbook: Runbook, stage: str = "resolved") -> bool:
+    """Return True when no step of ``run`` can move again (a cheap check before a tick).
+
+    A verified step can still escalate while the incident (at ``stage``) is not resolved: a
+    cascade may resume after it.
+    """
     for pos, rec in records_of(run).items():
         state = StepState(rec.state)
         lift = pos <= len(runbook.steps) and runbook.steps[pos - 1].lift is not None
         ended = state in (StepState.VERIFIED, StepState.ESCALATED) and not (lift and rec.in_place)
+        if state is StepState.VERIFIED and stage != "resolved":
+            ended = False
         if state not in _DONE and not ended:
             return False
     return bool(run.steps)
@@ -200,24 +207,54 @@ def advance(
     rows = {row.position: row for row in run.steps}
     stored = records_of(run)
     records = {step.step_id: stored[step.position] for step in steps}
+    current = {s.step_id: s for s in plan(runbook, ctx, dry_run=containment.dry_run)}
     made = 0
     for _ in range(MAX_MOVES):
-        cond = _conditions(session, incident, runbook, ctx, now, containment)
+        cond = _conditions(session, incident, runbook, ctx, now, containment, current)
         t = next_transition(steps, records, cond)
         if t is None:
             break
-        if t.move is Move.EXPIRED and not approvals.expire(
-            session=session, incident=incident, step_id=t.step.step_id, time=now, reason=t.reason
-        ):
-            pending = cond.approvals.get(t.step.step_id)
-            if pending is None or pending.status != "pending":
-                continue  # decided meanwhile: the next round reads the decision
+        if not _claim_approval(session, incident, t, cond, now):
+            continue  # decided meanwhile: the next round reads the decision
         if t.move in ACTUATOR_MOVES:
             t = _act(t, containment)
-        _store(session, incident, rows[t.step.position], t, now)
+        row = rows[t.step.position]
+        if t.replan is not None:
+            run_service.set_step_params(session=session, step=row, params=t.replan, time=now)
+            steps = [replace(s, params=dict(t.replan)) if s is t.step else s for s in steps]
+        _store(session, incident, row, t, now)
         records[t.step.step_id] = t.record
         made += 1
     return made
+
+
+_PENDING_MOVES = {Move.EXPIRED: "expired", Move.WITHDRAWN: "withdrawn"}
+
+
+def _claim_approval(
+    session: Session, incident: Incident, t: Transition, cond: Conditions, now: float
+) -> bool:
+    """Move the step's pending approval row along with an expiry or a withdrawal.
+
+    Returns False when a person decided meanwhile (the row was no longer pending): the move
+    must not happen, the next round reads the decision.
+    """
+    pending = cond.approvals.get(t.step.step_id)
+    if pending is None or pending.status != "pending":
+        return True
+    step_id = t.step.step_id
+    if t.move in _PENDING_MOVES:
+        status = _PENDING_MOVES[t.move]
+        return approvals.close_pending(
+            session=session, incident=incident, step_id=step_id, status=status, time=now,
+            reason=t.reason,
+        )  # fmt: skip
+    if t.move is Move.REREQUEST:
+        return approvals.rerequest(
+            session=session, incident=incident, step_id=step_id, time=now,
+            expires_at=t.record.expires_at, digest=(t.record.approval or {}).get("digest"),
+        )  # fmt: skip
+    return True
 
 
 def _conditions(
@@ -227,6 +264,7 @@ def _conditions(
     ctx: IncidentContext,
     now: float,
     c: Containment,
+    current: Mapping[str, PlannedStep],
 ) -> Conditions:
     armed = approvals.is_armed(
         session=session,
@@ -250,13 +288,20 @@ def _conditions(
         live=live,
         actuated=frozenset(c.actuators),
         kill_switch=approvals.kill_switch_on(session=session, setting=c.kill_switch),
-        approvals={k: Approval(r.status, r.decided_by, r.via, r.reason) for k, r in rows.items()},
+        approvals={k: _approval(r) for k, r in rows.items()},
         actions_last_hour=count,
         max_actions_per_hour=runbook.max_actions_per_hour,
         last_apply_at=approvals.last_applies(
             session=session, incident=incident, live=live, until=now
         ),
+        current=current,
     )
+
+
+def _approval(row: StepApproval) -> Approval:
+    at = row.decided_event_at
+    event_at = at.timestamp() if at is not None else None
+    return Approval(row.status, row.decided_by, row.via, row.reason, event_at)
 
 
 def _act(t: Transition, c: Containment) -> Transition:
@@ -316,6 +361,7 @@ def _store(
             group=group,
             time=now,
             expires_at=rec.expires_at,
+            digest=(rec.approval or {}).get("digest"),
         )
     if t.move in ACTUATOR_MOVES:
         ok = rec.state != StepState.FAILED.value

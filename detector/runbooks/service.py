@@ -120,3 +120,13 @@ def run_of(*, session: Session, incident: Incident, runbook: str) -> RunbookRun 
     """Return the incident's run of ``runbook``, or None before it was planned."""
     stmt = select(RunbookRun).filter_by(incident_id=incident.id, runbook=runbook)
     return session.scalars(stmt).one_or_none()
+
+
+@store_errors
+def set_step_params(
+    *, session: Session, step: RunbookStep, params: Mapping[str, Any], time: float
+) -> None:
+    """Store the params a step acts with now (a re-requested or narrowed plan)."""
+    step.params = clean_json(dict(params))
+    step.updated_at = to_datetime(time)
+    session.flush()

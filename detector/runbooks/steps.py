@@ -29,6 +29,7 @@ class StepState(StrEnum):
     NOT_NEEDED = "not_needed"
     LIFTING = "lifting"
     LIFTED = "lifted"
+    WITHDRAWN = "withdrawn"  # its precondition no longer held before it acted
 
 
 class ApprovalStatus(StrEnum):
@@ -38,6 +39,7 @@ class ApprovalStatus(StrEnum):
     APPROVED = "approved"
     DENIED = "denied"
     EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"  # the step stopped waiting: its precondition no longer holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class Approval:
     by: str | None = None
     via: str | None = None
     reason: str = ""
+    event_at: float | None = None  # the event time the detector had reached at the decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ re-run over the same input changes nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,8 @@ class Move(StrEnum):
     ROLLBACK = "rolled_back"
     LIFT = "lifted"
     REMOVE = "removed"
+    WITHDRAWN = "withdrawn"
+    REREQUEST = "approval_re_requested"
 
 
 ACTUATOR_MOVES = frozenset({Move.APPLY, Move.RESTART, Move.ROLLBACK, Move.LIFT, Move.REMOVE})
@@ -78,7 +81,9 @@ class Conditions:
     with a real actuator (the others are recorded as dry-run); ``approvals`` by step id;
     ``actions_last_hour``: applies and restarts on the workload in the hour up to ``now``;
     ``last_apply_at``: by step id, the latest apply of that step on the workload by another
-    incident (for the cooldown).
+    incident (for the cooldown); ``current``: by step id, the step as planned from the
+    evidence at ``now`` (a step acts on the state of now: its targets and precondition are
+    taken from it; a step missing here is taken as stored).
     """
 
     now: float
@@ -90,6 +95,7 @@ class Conditions:
     actions_last_hour: int = 0
     max_actions_per_hour: int = 6
     last_apply_at: Mapping[str, float] = field(default_factory=dict)
+    current: Mapping[str, PlannedStep] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,8 @@ class Transition:
 
     For ``ACTUATOR_MOVES`` the caller plans ``params`` (apply, restart, lift) or reverts
     ``record.plan`` (rollback, removal), for real when ``live``, and calls ``settle``.
+    ``replan`` is set when the step's stored params must become these (a re-requested or
+    narrowed plan); ``last`` marks the restart after which no pod is left.
     """
 
     step: PlannedStep
@@ -109,13 +117,21 @@ class Transition:
     params: Mapping[str, str] | None = None
     live: bool = False
     diff: str = ""
+    replan: Mapping[str, str] | None = None
+    last: bool = False
 
     @property
     def message(self) -> str:
-        """Return the timeline line: step, what happened, mode, actor and reason."""
-        mode = (" [live]" if self.live else " [dry-run]") if self.move in ACTUATOR_MOVES else ""
+        """Return the timeline line: step, what happened, mode, actor and reason.
+
+        A dry-run actuator move says what *would* have been done: nothing was changed.
+        """
         step = f"step {self.step.position} {self.step.step_id}"
-        return f"{step} {self.move.value}{mode} by {self.actor}: {self.reason}"
+        if self.move not in ACTUATOR_MOVES:
+            return f"{step} {self.move.value} by {self.actor}: {self.reason}"
+        if self.live:
+            return f"{step} {self.move.value} [live] by {self.actor}: {self.reason}"
+        return f"{step} would be {self.move.value} [dry-run: nothing changed]: {self.reason}"
 
     def detail(self) -> dict[str, Any]:
         """Return the structured timeline detail: status, actor, reason, diff, approval."""
@@ -166,17 +182,19 @@ def _t(
     actor: str = ENGINE_ACTOR,
     params: Mapping[str, str] | None = None,
     live: bool = False,
+    replan: Mapping[str, str] | None = None,
+    last: bool = False,
 ) -> Transition:
     record = replace(rec, since=now, reason=reason, **(update or {}))
     dedupe = f"step:{step.step_id}:{key or move.value}"
-    return Transition(step, move, record, actor, reason, dedupe, params, live)
+    return Transition(step, move, record, actor, reason, dedupe, params, live, "", replan, last)
 
 
 def _step_move(
     step: PlannedStep, rec: StepRecord, prev: StepRecord | None, cond: Conditions
 ) -> Transition | None:
     state = StepState(rec.state)
-    if state is StepState.PLANNED:
+    if state is StepState.PLANNED or _reopened(rec, prev):
         return _turn(step, rec, prev, cond)
     if state is StepState.AWAITING_APPROVAL:
         return _awaiting(step, rec, cond)
@@ -186,10 +204,35 @@ def _step_move(
         return _next_restart(step, rec, cond)
     if state is StepState.VERIFYING:
         return _verify(step, rec, cond)
+    if state is StepState.VERIFIED and (resumed := _resumed(step, rec, cond)) is not None:
+        return resumed
     lifting = state in (StepState.VERIFIED, StepState.ESCALATED, StepState.LIFTING)
     if lifting and rec.in_place and step.lift is not None and cond.health.stage == "resolved":
         return _lift(step, rec, cond)
     return None
+
+
+_PREVIOUS_WORKED = "the step before worked"
+
+
+def _reopened(rec: StepRecord, prev: StepRecord | None) -> bool:
+    """Return True for a step skipped because the one before worked, which then escalated."""
+    skipped = rec.state == StepState.NOT_NEEDED.value and rec.reason == _PREVIOUS_WORKED
+    return skipped and prev is not None and prev.outcome == "failed"
+
+
+def _resumed(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    """Escalate a verified step again when the cascade resumed after its verification."""
+    verified_at = float((rec.verification or {}).get("at") or rec.since or 0.0)
+    oom = cond.health.last_oom
+    if cond.health.stage != "cascading" or oom is None or oom[0] <= verified_at:
+        return None
+    why = (
+        f"the cascade resumed after the verification at {hms(verified_at)}: GPU OOM in pod "
+        f"{oom[1]} at {hms(oom[0])}; next step"
+    )
+    update = _to(StepState.ESCALATED, "failed")
+    return _t(step, Move.ESCALATE, rec, cond.now, why, update, key=f"resumed:{int(oom[0])}")
 
 
 def _turn(
@@ -199,20 +242,70 @@ def _turn(
     if prev is not None and prev.outcome is None:
         return None  # the step before is still in play
     if prev is not None and prev.outcome != "failed":
-        return _t(step, Move.NOT_NEEDED, rec, now, "the step before worked", not_needed)
+        why = (
+            _PREVIOUS_WORKED
+            if prev.state != StepState.WITHDRAWN.value
+            else ("the step before was withdrawn: " + prev.reason)
+        )
+        return _t(step, Move.NOT_NEEDED, rec, now, why, not_needed)
     if cond.health.stage in CALM_STAGES:
         why = f"the incident was {cond.health.stage} before its turn"
         return _t(step, Move.NOT_NEEDED, rec, now, why, not_needed)
+    step = current_step(step, cond)
+    if (withdrawn := _precondition_gone(step, cond)) is not None:
+        update = _to(StepState.NOT_NEEDED, "not_needed")
+        return _t(step, Move.NOT_NEEDED, rec, now, withdrawn, update)
     if step.policy == "auto":
         approval = {"status": "approved", "by": "policy:auto", "via": "policy", "at": now}
         update = _to(StepState.APPROVED, approval=approval)
         return _t(step, Move.AUTO_APPROVE, rec, now, "policy auto", update)
+    return _request(step, rec, now, Move.REQUEST_APPROVAL, "asks")
+
+
+def _request(step: PlannedStep, rec: StepRecord, now: float, move: Move, verb: str) -> Transition:
+    """Ask the step's approvers to decide on ``step``'s plan (digest shown) until expiry."""
     group = step.approval.removeprefix("approver:")
     expires = now + step.approval_expiry_s
-    approval = {"status": "pending", "group": group, "at": now, "expires_at": expires}
+    digest = plan_digest(step)
+    approval = {"status": "pending", "group": group, "at": now, "expires_at": expires,
+                "digest": digest}  # fmt: skip
     update = _to(StepState.AWAITING_APPROVAL, approval=approval, expires_at=expires)
-    why = f"asks {group} until {hms(expires)}: {plan_text(step)}"
-    return _t(step, Move.REQUEST_APPROVAL, rec, now, why, update)
+    why = f"{verb} {group} until {hms(expires)} (plan {digest}): {plan_text(step)}"
+    key = move.value if move is Move.REQUEST_APPROVAL else f"{move.value}:{digest}"
+    return _t(step, move, rec, now, why, update, key=key, replan=dict(step.params))
+
+
+TARGET_PARAMS = {  # the params that say what a step changes: a change of them is a new plan
+    Action.STAGGER_RESTARTS: ("pods", "method", "spacing_s"),
+    Action.LOWER_BATCH_CEILING: ("workload", "settings", "set_via"),
+    Action.ENABLE_RATE_LIMIT: ("ingress", "limit_rps", "limit_connections"),
+}
+
+
+def plan_digest(step: PlannedStep) -> str:
+    """Return a short digest of what ``step`` would change (its ``TARGET_PARAMS``).
+
+    An approver's decision names the digest it saw; a plan that changed has another one.
+    """
+    keys = TARGET_PARAMS.get(step.action, tuple(sorted(step.params)))
+    text = json.dumps({k: step.params.get(k) for k in keys}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def current_step(step: PlannedStep, cond: Conditions) -> PlannedStep:
+    """Return ``step`` with the params planned from the evidence at ``cond.now``, if known."""
+    now = cond.current.get(step.step_id)
+    return step if now is None else replace(step, params=dict(now.params))
+
+
+def _precondition_gone(step: PlannedStep, cond: Conditions) -> str | None:
+    """Return why ``step`` (as planned now) is no longer needed, or None while it is."""
+    stage = cond.health.stage
+    if stage in CALM_STAGES:
+        return f"withdrawn: the incident is {stage} (no new GPU OOM, 5xx under threshold)"
+    if step.action is Action.STAGGER_RESTARTS and not _pods(step):
+        return "withdrawn: no pod is still down or at the memory ceiling"
+    return None
 
 
 def plan_text(step: PlannedStep) -> str:
@@ -231,27 +324,55 @@ def plan_text(step: PlannedStep) -> str:
 
 def _awaiting(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
     now, got, base = cond.now, cond.approvals.get(step.step_id), dict(rec.approval or {})
+    if got is not None and got.event_at is not None and now < got.event_at:
+        return None  # decided at a later event time than this tick: its turn comes then
+    fresh = current_step(step, cond)
     if got is not None and got.status in ("approved", "denied"):
         approval = {**base, "status": got.status, "by": got.by, "via": got.via, "at": now}
         why = f"{got.status} by {got.by} via {got.via}" + (f": {got.reason}" * bool(got.reason))
         actor = got.by or "?"
-        if got.status == "approved":
-            update = _to(StepState.APPROVED, approval=approval)
-            return _t(step, Move.APPROVED, rec, now, why, update, actor=actor)
-        update = _to(StepState.DENIED, "failed", approval=approval)
-        return _t(step, Move.DENIED, rec, now, f"{why}; nothing applied", update, actor=actor)
-    resolved = cond.health.stage == "resolved"
+        if got.status == "denied":
+            update = _to(StepState.DENIED, "failed", approval=approval)
+            return _t(step, Move.DENIED, rec, now, f"{why}; nothing applied", update, actor=actor)
+        if (gone := _precondition_gone(fresh, cond)) is not None:
+            update = _to(StepState.WITHDRAWN, "not_needed", approval=approval)
+            why = f"{why}; {gone}; nothing applied"
+            return _t(step, Move.WITHDRAWN, rec, now, why, update, replan=dict(fresh.params))
+        narrowed = _narrowed(step, fresh)
+        if narrowed is not None:
+            why += f"; acting on the state of now: {plan_text(narrowed)}"
+        update = _to(StepState.APPROVED, approval=approval)
+        return _t(step, Move.APPROVED, rec, now, why, update, actor=actor, replan=(
+            None if narrowed is None else dict(narrowed.params)))  # fmt: skip
+    if got is not None and got.status == "withdrawn":
+        return None  # the runner withdraws the row with the step: the record moves first
+    if (gone := _precondition_gone(fresh, cond)) is not None:
+        approval = {**base, "status": "withdrawn", "at": now}
+        update = _to(StepState.WITHDRAWN, "not_needed", approval=approval)
+        why = f"approval {gone}; nothing applied"
+        return _t(step, Move.WITHDRAWN, rec, now, why, update, replan=dict(fresh.params))
+    if base.get("digest") not in (None, plan_digest(fresh)):
+        return _request(fresh, rec, now, Move.REREQUEST, "the plan changed: asks")
     expired = (got is not None and got.status == "expired") or now >= (rec.expires_at or now)
-    if not (resolved or expired):
+    if not expired:
         return None
-    approval = {**base, "status": "expired", "at": now}
-    if resolved:
-        update = _to(StepState.NOT_NEEDED, "not_needed", approval=approval)
-        why = "approval withdrawn: the incident is resolved; nothing applied"
-    else:
-        update = _to(StepState.EXPIRED, "failed", approval=approval)
-        why = f"no decision by {hms(rec.expires_at or now)}; nothing applied"
+    update = _to(StepState.EXPIRED, "failed", approval={**base, "status": "expired", "at": now})
+    why = f"no decision by {hms(rec.expires_at or now)}; nothing applied"
     return _t(step, Move.EXPIRED, rec, now, why, update)
+
+
+def _narrowed(approved: PlannedStep, fresh: PlannedStep) -> PlannedStep | None:
+    """Return the approved restart plan cut to the pods still down now, or None if unchanged.
+
+    Never wider than what was approved: a pod that went down since is left to a new plan.
+    """
+    if approved.action is not Action.STAGGER_RESTARTS:
+        return None
+    still = set(_pods(fresh))
+    pods = [p for p in _pods(approved) if p in still]
+    if pods == _pods(approved):
+        return None
+    return replace(approved, params={**approved.params, "pods": json.dumps(pods)})
 
 
 def _rails(step: PlannedStep, cond: Conditions, move: Move) -> str | None:
@@ -311,10 +432,10 @@ def _apply(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition |
     if (under := below_floor(step)) is not None:
         update = _to(StepState.FAILED, "failed")
         return _t(step, Move.REFUSED, rec, now, f"{under}: nothing applied", update)
+    if (gone := _precondition_gone(_still(step, cond), cond)) is not None:
+        update = _to(StepState.WITHDRAWN, "not_needed")
+        return _t(step, Move.WITHDRAWN, rec, now, f"{gone}; nothing applied", update)
     if step.action is Action.STAGGER_RESTARTS:
-        if not _pods(step):
-            update = _to(StepState.NOT_NEEDED, "not_needed")
-            return _t(step, Move.NOT_NEEDED, rec, now, "no pod to restart", update)
         return _next_restart(step, rec, cond)
     if (why := _rails(step, cond, Move.APPLY)) is not None:
         return _blocked(step, rec, now, why)
@@ -349,17 +470,42 @@ def next_restart_at(step: PlannedStep, rec: StepRecord, health: Health) -> float
     return at + spacing + warmup
 
 
+def _still(step: PlannedStep, cond: Conditions) -> PlannedStep:
+    """Return ``step`` as approved, its restart list cut to the pods still down now."""
+    return _narrowed(step, current_step(step, cond)) or step
+
+
 def _next_restart(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
     done = {str(r["pod"]) for r in rec.restarts}
-    remaining = [p for p in _pods(step) if p not in done]
-    if not remaining or cond.now < next_restart_at(step, rec, cond.health):
+    still = _pods(_still(step, cond))
+    remaining = [p for p in _pods(step) if p not in done and p in still]
+    if not remaining:
+        return _rest_recovered(step, rec, cond, done) if rec.restarts else None
+    if cond.now < next_restart_at(step, rec, cond.health):
         return None
     if (why := _rails(step, cond, Move.RESTART)) is not None:
         return _blocked(step, rec, cond.now, why)
-    pod = remaining[0]
-    why = f"pod {pod} ({len(done) + 1} of {len(_pods(step))}) evicted, one at a time"
+    pod, total = remaining[0], len(done) + len(remaining)
+    why = f"pod {pod} ({len(done) + 1} of {total}) evicted, one at a time"
     return _t(step, Move.RESTART, rec, cond.now, why, _baseline(rec, cond), key=f"restart:{pod}",
-              params={**step.params, "pod": pod}, live=_live(step, cond))  # fmt: skip
+              params={**step.params, "pod": pod}, live=_live(step, cond),
+              last=len(remaining) == 1)  # fmt: skip
+
+
+def _rest_recovered(
+    step: PlannedStep, rec: StepRecord, cond: Conditions, done: set[str]
+) -> Transition | None:
+    """Stop restarting when the pods left recovered by themselves; verify what was done."""
+    if rec.state != StepState.APPLYING.value:
+        return None
+    skipped = [p for p in _pods(step) if p not in done]
+    deadline = cond.now + step.verify.deadline_s
+    why = (
+        f"not restarted, recovered or no longer at the ceiling: {', '.join(skipped)}; "
+        f"verify by {hms(deadline)}"
+    )
+    update = {"state": StepState.VERIFYING.value, "deadline_at": deadline}
+    return _t(step, Move.WITHDRAWN, rec, cond.now, why, update, key="withdrawn:rest")
 
 
 def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
@@ -369,16 +515,20 @@ def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition 
     wanted = [c.value for c in step.verify.checks]
     checks = [asdict(c) for c in evaluate(wanted, base, h, pods=touched)]
     new = spread(base, h) if "ooms_stop" in wanted else []
+    after = "after the apply" if rec.mode == "live" else "afterwards"
     if h.stage in CALM_STAGES:
         passed, why = True, f"the incident is {h.stage}: no new GPU OOM, 5xx under threshold"
     elif new:
-        passed, why = False, f"the cascade spread to {', '.join(new)} after the apply"
+        passed, why = False, f"the cascade spread to {', '.join(new)} {after}"
     elif now >= (rec.deadline_at or now):
         passed = all(c["ok"] for c in checks)
         why = "; ".join(str(c["detail"]) for c in checks) + f" (deadline {hms(now)})"
     else:
         return None
     verification = {"result": "passed" if passed else "failed", "at": now, "checks": checks}
+    if rec.mode != "live":
+        why = f"dry-run, nothing was applied; observed: {why}"
+        verification["dry_run"] = True
     if passed:
         update = _to(StepState.VERIFIED, "passed", verification=verification)
         return _t(step, Move.VERIFIED, rec, now, why, update)
@@ -396,11 +546,15 @@ def _lift(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | 
     assert lift is not None
     if rec.lift_at is not None and now < rec.lift_at + lift.interval_s:
         return None
-    if (why := _rails(step, cond, Move.LIFT)) is not None:
+    if (why := _rails(step, cond, Move.LIFT) or _lift_held(rec, cond)) is not None:
         return _blocked(step, rec, now, why)
     applied, level, live = rec.params or dict(step.params), rec.lift_level + 1, rec.mode == "live"
     scale, numbers = lift.factor**level, {p: _number(applied.get(p)) for p in lift.params}
     values = {p: str(math.floor(v * scale)) for p, v in numbers.items() if v is not None}
+    if step.action is Action.LOWER_BATCH_CEILING and "new_ceiling" in values:
+        ceiling = str(applied.get("ceiling_param", ""))
+        settings = relaxed_settings(applied.get("settings", ""), ceiling, values["new_ceiling"])
+        values["settings"] = settings
     until = _number(applied.get(lift.until)) if lift.until else None
     first = _number(values.get(lift.params[0]))
     if level > lift.max_steps or first is None or (until is not None and first >= until):
@@ -409,6 +563,26 @@ def _lift(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | 
     shown = ", ".join(f"{k} {applied.get(k)} -> {v}" for k, v in values.items())
     return _t(step, Move.LIFT, rec, now, f"relaxed x{scale:g}: {shown}", key=f"lift:{level}",
               params={**applied, **values}, live=live)  # fmt: skip
+
+
+def _lift_held(rec: StepRecord, cond: Conditions) -> str | None:
+    """Return why the next relaxation waits: a GPU OOM or memory at the ceiling since the last."""
+    since, h = rec.lift_at, cond.health  # the first relaxation: the incident is resolved
+    for what, event in (("GPU OOM", h.last_oom), ("memory at the ceiling", h.last_pressure)):
+        if since is not None and event is not None and event[0] > since:
+            return f"lift_held: {what} in pod {event[1]} at {hms(event[0])} since the last change"
+    return None
+
+
+def relaxed_settings(settings: str, param: str, value: str) -> str:
+    """Return engine ``settings`` (``--max-num-seqs=13 ...`` / ``MAX_CONCURRENT_REQUESTS=13``)
+    with the ``param`` setting (``max_num_seqs``) set to ``value``; other settings as they are."""
+    out = []
+    for token in settings.split(" "):
+        key, sep, _ = token.partition("=")
+        same = sep and key.lstrip("-").replace("-", "_").lower() == param.lower()
+        out.append(f"{key}={value}" if same else token)
+    return " ".join(out)
 
 
 def settle(t: Transition, result: ActionResult, plan: dict[str, Any] | None) -> Transition:
@@ -434,7 +608,7 @@ def settle(t: Transition, result: ActionResult, plan: dict[str, Any] | None) -> 
     if t.move is Move.RESTART:
         pod = (t.params or {}).get("pod", "?")
         new = replace(new, restarts=(*rec.restarts, {"pod": pod, "at": now}), in_place=True)
-        last = len(new.restarts) >= len(_pods(t.step))
+        last = t.last
         if not last:
             nxt = next_restart_at(t.step, new, Health(time=now, stage=""))
             new, reason = replace(new, state=StepState.APPLYING.value), f"{reason}; next {hms(nxt)}"

@@ -114,8 +114,9 @@ def test_a_second_replay_keeps_the_final_plan(tmp_path: Path) -> None:
     first = replay_json(url, EXAMPLES / "cascade")
     second = replay_json(url, EXAMPLES / "cascade")
     assert second["incidents"][0]["steps"] == first["incidents"][0]["steps"]
-    restarts = second["incidents"][0]["steps"][2]["params"]["pods"]
-    assert len(restarts) == len(second["incidents"][0]["pods"])
+    restart = second["incidents"][0]["steps"][2]
+    assert restart["state"] == "withdrawn"
+    assert restart["params"]["pods"] == []  # every pod came back before anyone approved
 
 
 def test_an_invalid_setting_is_a_clear_error(tmp_path: Path) -> None:
@@ -159,22 +160,23 @@ def test_every_step_shows_its_change_approval_and_verification(demo: dict[str, A
     inc = demo["incidents"][0]
     ceiling, rate, restart = inc["steps"]
     for step in inc["steps"]:
-        assert step["diff"].startswith("--- ")
-        assert step["approval_state"]["status"] in ("approved", "pending")
+        assert step["approval_state"]["status"] in ("approved", "withdrawn")
         assert step["verification"]["result"] in ("passed", "failed", "not_run")
     assert "+--max-num-seqs=13" in ceiling["diff"] and "---max-num-seqs=256" in ceiling["diff"]
     assert 'nginx.ingress.kubernetes.io/limit-rps: "' in rate["diff"]
-    assert restart["diff"].count('"kind": "Eviction"') == len(inc["pods"])
+    assert restart["diff"] == ""  # withdrawn: no pod left to evict
     # the cascade spread after each automatic step: verified failed, escalated to the next
     for step in (ceiling, rate):
         assert (step["state"], step["mode"], step["policy"]) == ("escalated", "dry_run", "auto")
         assert step["approval_state"]["decided_by"] == "policy:auto"
         checks = {c["check"]: c for c in step["verification"]["checks"]}
         assert step["verification"]["result"] == "failed" and not checks["ooms_stop"]["ok"]
-    assert (restart["state"], restart["policy"]) == ("awaiting_approval", "approval")
-    assert restart["approval_state"]["status"] == "pending"
+    # every pod came back while it waited: the restart step was withdrawn, nothing evicted
+    assert (restart["state"], restart["policy"]) == ("withdrawn", "approval")
+    assert restart["approval_state"]["status"] == "withdrawn"
     assert restart["approval_state"]["approver_group"] == "sre-oncall"
     assert restart["verification"]["result"] == "not_run"
+    assert "no pod is still down" in restart["reason"]
 
 
 def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str, Any]) -> None:
@@ -189,6 +191,10 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
         ("enable_rate_limit", "applied"),
         ("enable_rate_limit", "escalated"),
         ("stagger_restarts", "approval_requested"),
+        ("stagger_restarts", "approval_re_requested"),  # a pod came back: a smaller plan
+        ("stagger_restarts", "approval_re_requested"),
+        ("stagger_restarts", "approval_re_requested"),
+        ("stagger_restarts", "withdrawn"),  # the last one came back: nothing to restart
     ]
     for d in details:
         assert d["actor"] and d["reason"] and d["state"]
@@ -196,8 +202,8 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
     assert all(d["mode"] == "dry_run" and d["diff"] for d in applied)
     escalated = [d for d in details if d["event"] == "escalated"]
     assert all(d["verification"]["result"] == "failed" for d in escalated)
-    asked = details[-1]
+    asked = details[6]
     assert "restart vllm-llama-" in asked["reason"] and "one at a time" in asked["reason"]
     assert asked["approval"]["status"] == "pending"
     messages = [t["message"] for t in inc["timeline"] if "detail" in t]
-    assert "applied [dry-run] by detector" in messages[1]
+    assert "would be applied [dry-run: nothing changed]" in messages[1]

@@ -1,7 +1,9 @@
 """The approvals endpoint behind a real uvicorn on a free loopback port, over real HTTP.
 
-The store holds the bundled cascade replayed in dry-run: its third step (staggered restarts,
-policy approval) is waiting for approval, the first two were approved by policy.
+The store holds the generated cascade, cut while every pod is down and replayed in dry-run near
+the wall clock: its third step (staggered restarts, policy approval) is waiting for approval,
+the first two were approved by policy. A second store holds the same cascade at its recorded
+time (2025): its approval expired long ago and a decision on it is refused.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 import uvicorn
+from recordings import awaiting_in_2025, awaiting_now
 
 from detector import db
 from detector.config import ContainmentSettings, DatabaseSettings, Settings, WebSettings
@@ -26,7 +30,6 @@ from detector.incidents import service
 from detector.pipeline import replay
 from detector.web.app import create_app, token_owner
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cascade"
 ALICE = "alice-token-0123456789abcdef"
 EVE = "eve-token-0123456789abcdef00"
 
@@ -37,16 +40,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('http') / 'store.db'}"
-    settings = Settings(
-        database=DatabaseSettings(url=url),
-        containment=ContainmentSettings(approvers=["alice"]),
-        web=WebSettings(tokens={"alice": ALICE, "eve": EVE}),  # type: ignore[dict-item]
-    )
-    result = replay([EXAMPLES], settings)
-    key = result.incidents[0].key
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """Serve the app for ``settings`` with uvicorn on a free loopback port; yield its base URL."""
     port = _free_port()
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
     uv = uvicorn.Server(config)
@@ -57,15 +53,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
     try:
-        yield {
-            "base": f"http://127.0.0.1:{port}",
-            "key": key,
-            "url": url,
-            "id": result.incidents[0].id,
-        }
+        yield f"http://127.0.0.1:{port}"
     finally:
         uv.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('http') / 'store.db'}"
+    settings = Settings(
+        database=DatabaseSettings(url=url),
+        containment=ContainmentSettings(approvers=["alice"]),
+        web=WebSettings(tokens={"alice": ALICE, "eve": EVE}),  # type: ignore[dict-item]
+    )
+    result = replay([awaiting_now(tmp_path_factory.mktemp("rec") / "cascade")], settings)
+    key = result.incidents[0].key
+    with serving(settings) as base:
+        yield {"base": base, "key": key, "url": url, "id": result.incidents[0].id}
 
 
 def post(server: dict[str, Any], path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
@@ -167,3 +172,32 @@ def test_token_owner_compares_every_token() -> None:
     assert token_owner(tokens, "y" * 20) == "b"
     assert token_owner(tokens, "z" * 20) is None
     assert token_owner({}, "x") is None
+
+
+def test_a_late_approval_is_refused_with_409_and_changes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'late.db'}"
+    settings = Settings(
+        database=DatabaseSettings(url=url),
+        containment=ContainmentSettings(approvers=["alice"]),
+        web=WebSettings(tokens={"alice": ALICE}),  # type: ignore[dict-item]
+    )
+    key = replay([awaiting_in_2025(tmp_path / "cascade")], settings).incidents[0].key
+
+    def snapshot() -> tuple[list[tuple[str, str | None]], int]:
+        engine = db.make_engine(url)
+        try:
+            with db.session_factory(engine)() as session:
+                incident = service.get_incident_by_key(session=session, key=key)
+                assert incident is not None
+                rows = [(a.status, a.decided_by) for a in incident.approvals]  # type: ignore[attr-defined]
+                return rows, len(service.timeline(session=session, incident=incident))
+        finally:
+            engine.dispose()
+
+    before = snapshot()
+    with serving(settings) as base:
+        code, body = post({"base": base}, f"/api/incidents/{quote(key, safe='')}/steps/3/approve",
+                          ALICE)  # fmt: skip
+    assert code == 409, body
+    assert "expired at 2025-03-14" in body["detail"]
+    assert snapshot() == before

@@ -93,5 +93,8 @@ def test_gpu_oom_cascade_runbook_policy_and_lift() -> None:
     lift = runbook.step("enable_rate_limit").lift
     assert lift is not None and lift.params == ("limit_rps", "limit_connections")
     assert lift.until == "observed_request_rate_per_s"
-    assert all(s.lift is None for s in runbook.steps if s.id != "enable_rate_limit")
+    ceiling = runbook.step("lower_batch_ceiling").lift
+    assert ceiling is not None and ceiling.params == ("new_ceiling",)
+    assert ceiling.until == "current_ceiling"  # lifted back to what was in force before
+    assert runbook.step("stagger_restarts").lift is None
     assert "ooms_stop" in runbook.step("enable_rate_limit").verify.checks

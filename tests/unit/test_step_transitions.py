@@ -197,7 +197,7 @@ def awaiting(expires_at: float = T0 + 600) -> dict[str, StepRecord]:
         (
             Approval("pending"),
             cond(T0 + 60, health=replace(CASCADING, stage="resolved")),
-            ("expired", "not_needed"),
+            ("withdrawn", "withdrawn"),
             "detector",
         ),
     ],
@@ -214,6 +214,7 @@ def test_approvals(
             "approved",
             "denied",
             "expired",
+            "withdrawn",
         )
         assert ("nothing applied" in t.reason) == (t.move is not Move.APPROVED)
 
@@ -306,7 +307,7 @@ def test_settle_an_apply_starts_verification_and_a_failure_hands_over() -> None:
     assert (r.state, r.mode, r.in_place, r.applied_at) == ("verifying", "dry_run", True, T0)
     assert r.deadline_at == T0 + CEILING.verify.deadline_s
     assert r.baseline is not None and r.plan == {"diff": "-a\n+b\n"}
-    assert "verify by" in ok.message and "[dry-run]" in ok.message
+    assert "verify by" in ok.message and "would be applied [dry-run: nothing changed]" in ok.message
     bad = settle(t, replace(_result(Status.FAILED), reason="timeout", error="slow"), None)
     assert (bad.record.state, bad.record.outcome) == ("failed", "failed")
     assert "timeout: slow" in bad.reason and "NOT restored" in bad.reason
@@ -380,10 +381,10 @@ def test_staggered_restarts_one_pod_at_a_time() -> None:
     assert capped is not None and capped.move is Move.BLOCKED and "cap" in capped.reason
 
 
-def test_no_pod_to_restart_is_not_needed() -> None:
+def test_no_pod_to_restart_is_withdrawn() -> None:
     step = replace(RESTART, params={**RESTART.params, "pods": "[]"})
     t = next_transition([step], {step.step_id: rec(StepState.APPROVED)}, cond())
-    assert move_of(t) == ("not_needed", "not_needed")
+    assert move_of(t) == ("withdrawn", "withdrawn")
 
 
 def lifted(level: int = 0, lift_at: float | None = None) -> dict[str, StepRecord]:
@@ -475,3 +476,116 @@ def test_records_round_trip_through_json() -> None:
     assert StepRecord.from_record(r.as_record()) == r
     assert StepRecord.from_record(None) == StepRecord()
     assert StepRecord.from_record({"unknown": 1}) == StepRecord()
+
+
+# --- acting on the state of now --------------------------------------------------------------
+
+
+def _now_plan(step: PlannedStep, **params: str) -> dict[str, PlannedStep]:
+    """The step as planned from the evidence at the tick: ``Conditions.current``."""
+    return {step.step_id: replace(step, params={**step.params, **params})}
+
+
+def test_a_pending_restart_is_withdrawn_when_every_pod_recovered() -> None:
+    records = awaiting()
+    records["stagger_restarts"] = replace(
+        records["stagger_restarts"],
+        approval={**(records["stagger_restarts"].approval or {}), "digest": "x"},
+    )
+    c = cond(T0 + 60, approvals={"stagger_restarts": Approval("pending")},
+             current=_now_plan(RESTART, pods="[]"))  # fmt: skip
+    t = next_transition(STEPS, records, c)
+    assert move_of(t) == ("withdrawn", "withdrawn")
+    assert t is not None and "no pod is still down" in t.reason and t.record.outcome == "not_needed"
+
+
+def test_an_approved_restart_after_recovery_is_withdrawn_and_nothing_is_evicted() -> None:
+    c = cond(T0 + 60, approvals={"stagger_restarts": Approval("approved", "alice", "cli")},
+             current=_now_plan(RESTART, pods="[]"))  # fmt: skip
+    t = next_transition(STEPS, awaiting(), c)
+    assert move_of(t) == ("withdrawn", "withdrawn")
+    assert t is not None and t.move not in ACTUATOR_MOVES and "nothing applied" in t.reason
+
+
+def test_an_approved_restart_acts_only_on_the_pods_still_down_in_the_planned_order() -> None:
+    c = cond(T0 + 60, approvals={"stagger_restarts": Approval("approved", "alice", "cli")},
+             current=_now_plan(RESTART, pods='["b", "zz"]'))  # fmt: skip
+    t = next_transition(STEPS, awaiting(), c)
+    assert move_of(t) == ("approved", "approved")
+    assert t is not None and t.replan is not None and t.replan["pods"] == '["b"]'  # never wider
+
+
+def test_a_plan_that_changed_while_waiting_is_asked_again() -> None:
+    first = next_transition(STEPS, {"lower_batch_ceiling": failed(), "enable_rate_limit": failed()},
+                            cond(T0))  # fmt: skip
+    assert first is not None and first.move is Move.REQUEST_APPROVAL
+    records = {"lower_batch_ceiling": failed(), "enable_rate_limit": failed(),
+               "stagger_restarts": first.record}  # fmt: skip
+    pending = {"stagger_restarts": Approval("pending")}
+    same = cond(T0 + 30, approvals=pending, current=_now_plan(RESTART))
+    assert next_transition(STEPS, records, same) is None
+    changed = cond(T0 + 30, approvals=pending, current=_now_plan(RESTART, pods='["b"]'))
+    again = next_transition(STEPS, records, changed)
+    assert move_of(again) == ("approval_re_requested", "awaiting_approval")
+    assert again is not None and again.replan is not None and again.replan["pods"] == '["b"]'
+    old, new = (first.record.approval or {})["digest"], (again.record.approval or {})["digest"]
+    assert old != new and new in again.reason
+    assert again.record.expires_at == T0 + 30 + RESTART.approval_expiry_s
+
+
+def test_a_decision_waits_for_the_event_time_it_was_made_at() -> None:
+    late = {"stagger_restarts": Approval("approved", "alice", "cli", event_at=T0 + 100)}
+    assert next_transition(STEPS, awaiting(), cond(T0 + 60, approvals=late)) is None
+    assert move_of(next_transition(STEPS, awaiting(), cond(T0 + 100, approvals=late))) == (
+        "approved",
+        "approved",
+    )
+
+
+def test_a_cascade_that_resumes_after_a_verified_step_escalates_again() -> None:
+    verified = rec(StepState.VERIFIED, outcome="passed", since=T0 + 60,
+                   verification={"result": "passed", "at": T0 + 60})  # fmt: skip
+    skipped = rec(StepState.NOT_NEEDED, outcome="not_needed", since=T0 + 60,
+                  reason="the step before worked")  # fmt: skip
+    records = {"lower_batch_ceiling": verified, "enable_rate_limit": skipped,
+               "stagger_restarts": skipped}  # fmt: skip
+    quiet = cond(T0 + 90, health=replace(CASCADING, time=T0 + 90, last_oom=(T0 - 10, "b")))
+    assert next_transition(STEPS, records, quiet) is None
+    resumed = replace(CASCADING, time=T0 + 90, last_oom=(T0 + 80, "c"))
+    t = next_transition(STEPS, records, cond(T0 + 90, health=resumed))
+    assert move_of(t) == ("escalated", "escalated")
+    assert t is not None and "resumed" in t.reason and "pod c" in t.reason
+    records["lower_batch_ceiling"] = t.record
+    nxt = next_transition(STEPS, records, cond(T0 + 90, health=resumed))
+    assert move_of(nxt) == ("auto_approved", "approved")  # the gateway limit takes its turn
+
+
+def test_a_dry_run_verification_says_nothing_was_applied() -> None:
+    spread = replace(CASCADING, time=T0 + 30, victims=("a", "b", "c"))
+    t = next_transition([RATE], {"enable_rate_limit": applied()}, cond(T0 + 30, health=spread))
+    assert t is not None and t.move is Move.ESCALATE
+    assert "dry-run, nothing was applied; observed: the cascade spread to c afterwards" in t.reason
+    assert "after the apply" not in t.reason
+
+
+def test_the_lowered_ceiling_is_lifted_step_by_step_after_resolution() -> None:
+    assert CEILING.lift is not None
+    params = dict(CEILING.params)
+    verified = rec(StepState.VERIFIED, outcome="passed", since=T0, mode="dry_run",
+                   in_place=True, params=params)  # fmt: skip
+    resolved = replace(CASCADING, time=T0 + 600, stage="resolved")
+    t = next_transition(
+        [CEILING], {"lower_batch_ceiling": verified}, cond(T0 + 600, health=resolved)
+    )
+    assert t is not None and t.move is Move.LIFT and t.params is not None
+    assert t.params["new_ceiling"] == str(int(params["new_ceiling"]) * 2)
+    assert f"--max-num-seqs={int(params['new_ceiling']) * 2}" in t.params["settings"]
+    assert "--max-model-len=32768" in t.params["settings"]
+
+
+def test_a_lift_waits_while_memory_is_at_the_ceiling_again() -> None:
+    lifting = rec(StepState.LIFTING, outcome="passed", since=T0, mode="dry_run", in_place=True,
+                  params=dict(CEILING.params), lift_level=1, lift_at=T0)  # fmt: skip
+    hot = replace(CASCADING, time=T0 + 900, stage="resolved", last_pressure=(T0 + 100, "c"))
+    t = next_transition([CEILING], {"lower_batch_ceiling": lifting}, cond(T0 + 900, health=hot))
+    assert t is not None and t.move is Move.BLOCKED and "lift_held" in t.reason
