@@ -152,7 +152,12 @@ def _approval_state(row: dict[str, Any] | None) -> dict[str, Any]:
     if row is None:
         return {"status": "not_requested"}
     keys = ("status", "policy", "approver_group", "decided_by", "via", "decided_at", "expires_at")
-    return {k: row[k] for k in keys} | ({"reason": row["reason"]} if row["reason"] else {})
+    extra = {"plan": row.get("plan_digest"), "decided_event_at": row.get("decided_event_at")}
+    return (
+        {k: row[k] for k in keys}
+        | ({"reason": row["reason"]} if row["reason"] else {})
+        | {k: v for k, v in extra.items() if v}
+    )
 
 
 def typed_params(params: Mapping[str, Any]) -> dict[str, Any]:

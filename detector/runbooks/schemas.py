@@ -22,6 +22,8 @@ class ApprovalOut(Out):
     decided_by: str | None
     via: str | None
     reason: str
+    plan_digest: str | None = None
+    decided_event_at: datetime | None = None
 
 
 class StepOut(Out):

@@ -2,13 +2,16 @@
 
 ``POST /api/incidents/{key}/steps/{step}/approve`` and ``.../deny`` (``key``: the incident key,
 which contains ``/``, or its numeric id; ``step``: the step id or its position), optional JSON
-body ``{"reason": "..."}``. The ``Authorization: Bearer <token>`` header is compared in constant
-time with every token of the settings (``DETECTOR_WEB__TOKENS``, owner -> token); the owner is
-the approver identity recorded on the timeline, and must be on the approver allow-list
+body ``{"reason": "...", "plan": "<digest>"}`` (``plan``: the digest of the plan the approver
+saw, as the approval request states it; a plan changed since is refused). The
+``Authorization: Bearer <token>`` header is compared in constant time with every token of the
+settings (``DETECTOR_WEB__TOKENS``, owner -> token); the owner is the approver identity
+recorded on the timeline, and must be on the approver allow-list
 (``DETECTOR_CONTAINMENT__APPROVERS``). Answers: 200 with the decision; 401 without a valid
 token; 403 when the owner may not approve; 404 for an unknown incident or step; 409 when the
-step is not waiting for approval (not requested yet, already decided or expired); 503 when the
-store fails. The same endpoint is the one Slack and the web page will call.
+step is not waiting for approval (not requested yet, already decided, expired by the wall
+clock, withdrawn) or its plan changed; 503 when the store fails; nothing changes on a refusal.
+The same endpoint is the one Slack and the web page will call.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class DecisionIn(BaseModel):
     """The optional body of a decision."""
 
     reason: str = Field("", max_length=1000)
+    plan: str = Field("", max_length=64, description="the plan digest the approver saw")
 
 
 def token_owner(tokens: Mapping[str, str], presented: str) -> str | None:
@@ -105,8 +109,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     def decide(key: str, step: str, approve: bool, who: str, body: DecisionIn | None) -> Any:
         kind = DecisionKind.APPROVE if approve else DecisionKind.DENY
-        reason = body.reason if body is not None else ""
-        request = DecisionRequest(kind, "http", who, reason, incident=key, step=step)
+        reason, plan = (body.reason, body.plan) if body is not None else ("", "")
+        request = DecisionRequest(kind, "http", who, reason, incident=key, step=step, plan=plan)
         try:
             with state["sessions"]() as session:
                 row = flows.decide(request, session=session, approvers=allowed).approval

@@ -132,6 +132,12 @@ def test_unknown_and_undecidable(server: dict[str, Any], path: str, status: int)
     assert code == status, body
 
 
+def test_a_decision_on_a_plan_that_changed_is_refused(server: dict[str, Any]) -> None:
+    old = {"reason": "go", "plan": "000000000000"}  # not the digest of the plan pending now
+    code, body = post(server, step_path(server, "stagger_restarts"), ALICE, old)
+    assert code == 409 and "the plan changed" in body["detail"], body
+
+
 def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) -> None:
     raw_key_path = f"/api/incidents/{server['key']}/steps/3/approve"  # "/" in the key, unencoded
     code, body = post(server, raw_key_path, ALICE, {"reason": "crash-looping, go"})
