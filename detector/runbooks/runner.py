@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -207,7 +207,7 @@ def advance(
     rows = {row.position: row for row in run.steps}
     stored = records_of(run)
     records = {step.step_id: stored[step.position] for step in steps}
-    current = {s.step_id: s for s in plan(runbook, ctx, dry_run=containment.dry_run)}
+    current = _current(runbook, ctx, records.values(), containment.dry_run)
     made = 0
     for _ in range(MAX_MOVES):
         cond = _conditions(session, incident, runbook, ctx, now, containment, current)
@@ -226,6 +226,20 @@ def advance(
         records[t.step.step_id] = t.record
         made += 1
     return made
+
+
+_READS_NOW = frozenset(
+    {StepState.PLANNED, StepState.AWAITING_APPROVAL, StepState.APPROVED, StepState.APPLYING}
+)
+
+
+def _current(
+    runbook: Runbook, ctx: IncidentContext, records: Iterable[StepRecord], dry_run: bool
+) -> dict[str, PlannedStep]:
+    """Plan the steps from the evidence of now, when a step still to act will read it."""
+    if not any(StepState(rec.state) in _READS_NOW for rec in records):
+        return {}
+    return {s.step_id: s for s in plan(runbook, ctx, dry_run=dry_run)}
 
 
 _PENDING_MOVES = {Move.EXPIRED: "expired", Move.WITHDRAWN: "withdrawn"}
