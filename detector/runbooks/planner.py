@@ -159,12 +159,19 @@ def _spacing(signals: tuple[Signal, ...], floors: Floors) -> tuple[float, float 
     load, seen = observed_load_s(signals)
     floor_s = floors.spacing_s or 0.0
     if load is not None:
-        spacing = float(max(floor_s, math.ceil(load)))
-        basis = seen
+        wanted, basis = float(math.ceil(load)), seen
+        by = "the measured model load time"
     else:
-        spacing = max(floor_s, DEFAULT_SPACING_S)
+        wanted = DEFAULT_SPACING_S
         basis = f"no model load time in the logs: default {DEFAULT_SPACING_S:g} s"
-    return spacing, load, f"{basis}; spacing = max(floor {floor_s:g} s, that) = {spacing:g} s"
+        by = "the default"
+    spacing = max(floor_s, wanted)
+    by = "the floor" if floor_s > wanted else by
+    return (
+        spacing,
+        load,
+        (f"{basis}; spacing = max(floor {floor_s:g} s, that) = {spacing:g} s, set by {by}"),
+    )
 
 
 def memory_headroom(signals: tuple[Signal, ...], pod: str) -> float | None:
