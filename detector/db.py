@@ -130,7 +130,7 @@ def make_engine(url: str) -> Engine:
         parsed = make_url(url)
         engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
-        raise StoreError(f"cannot use database URL {_redact(url)}: {exc}") from exc
+        raise StoreError(f"cannot use database URL {redact(url)}: {exc}") from exc
     if engine.dialect.name == "sqlite":
         is_file = _sqlite_file(parsed) is not None
         event.listen(engine, "connect", _sqlite_on_connect(wal=is_file))
@@ -155,8 +155,8 @@ def upgrade(url: str, revision: str = "head") -> None:
         try:
             command.upgrade(config, revision)
         except (CommandError, SQLAlchemyError) as exc:
-            raise StoreError(f"migrating {_redact(url)} to {revision} failed: {exc}") from exc
-    log.info("database migrated url=%s revision=%s", _redact(url), revision)
+            raise StoreError(f"migrating {redact(url)} to {revision} failed: {exc}") from exc
+    log.info("database migrated url=%s revision=%s", redact(url), revision)
 
 
 @contextmanager
@@ -173,7 +173,7 @@ def migration_lock(url: str) -> Iterator[None]:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise StoreError(f"cannot use database URL {_redact(url)}: {exc}") from exc
+        raise StoreError(f"cannot use database URL {redact(url)}: {exc}") from exc
     backend = parsed.get_backend_name()
     if backend == "postgresql":
         with _advisory_lock(url):
@@ -194,14 +194,14 @@ def _advisory_lock(url: str) -> Iterator[None]:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             key = {"key": MIGRATE_LOCK_KEY}
             if not conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), key):
-                log.info("waiting for the migration lock url=%s", _redact(url))
+                log.info("waiting for the migration lock url=%s", redact(url))
                 conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
             try:
                 yield
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
     except SQLAlchemyError as exc:
-        raise StoreError(f"cannot lock {_redact(url)} for migrating: {exc}") from exc
+        raise StoreError(f"cannot lock {redact(url)} for migrating: {exc}") from exc
     finally:
         engine.dispose()
 
@@ -212,12 +212,12 @@ def _file_lock(path: Path, url: str) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise StoreError(f"cannot lock {_redact(url)} for migrating: {exc}") from exc
+        raise StoreError(f"cannot lock {redact(url)} for migrating: {exc}") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.info("waiting for the migration lock url=%s", _redact(url))
+            log.info("waiting for the migration lock url=%s", redact(url))
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield  # closing the descriptor releases the lock
     finally:
@@ -232,7 +232,7 @@ def require_head(url: str) -> None:
     SQLite is always empty); then Alembic's current revision must be the scripts' head.
     Raises ``StoreError`` with one line that names the URL (password hidden).
     """
-    where = _redact(url)
+    where = redact(url)
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -267,7 +267,7 @@ def downgrade(url: str, revision: str = "base") -> None:
     try:
         command.downgrade(_alembic_config(url), revision)
     except (CommandError, SQLAlchemyError) as exc:
-        raise StoreError(f"migrating {_redact(url)} down to {revision} failed: {exc}") from exc
+        raise StoreError(f"migrating {redact(url)} down to {revision} failed: {exc}") from exc
 
 
 def store_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -393,8 +393,8 @@ def _first_line(exc: SQLAlchemyError) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _redact(url: str) -> str:
-    """Return ``url`` with any password hidden, for messages and logs."""
+def redact(url: str) -> str:
+    """Return ``url`` with any password hidden, for messages and logs (``***``)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:

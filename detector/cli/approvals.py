@@ -1,14 +1,23 @@
 """The operator commands of containment: approve, deny, arm, disarm, kill-switch, serve.
 
+They change the store of a running detector, so they never create or migrate one: a store
+that does not exist or is not at the latest migration is refused (``db.require_head``).
+Every change of a control is kept with who, when, why and from where (this host);
+``kill-switch status`` shows the latest ones. Everything echoed from input is printed through
+``textsafe.printable``.
+
 Exit codes: 0 done; 1 refused (not on the approver allow-list, or the step is not waiting for
-approval); 2 error (unknown incident or step, bad settings, database failure).
+approval); 2 error (unknown incident, step or workload, no such store, bad settings, database
+failure).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC
 from typing import Annotated, TypeVar
 
 import typer
@@ -18,8 +27,9 @@ from detector import db
 from detector.cli.settings import cli_settings
 from detector.config import Settings
 from detector.errors import ApprovalError, DetectorError
-from detector.runbooks import approvals, flows
+from detector.runbooks import approvals, controls, flows
 from detector.runbooks.flows import DecisionKind, DecisionRequest
+from detector.textsafe import printable
 
 T = TypeVar("T")
 DbOption = Annotated[
@@ -27,11 +37,14 @@ DbOption = Annotated[
 ]
 AsOption = Annotated[str | None, typer.Option("--as", help="who does it (default: the OS user)")]
 ReasonOption = Annotated[str, typer.Option(help="why, recorded on the timeline")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="a workload the store has no incident or verdict of")
+]
 
 
 @contextmanager
 def _store(settings: Settings) -> Iterator[Session]:
-    db.upgrade(settings.database.url)
+    db.require_head(settings.database.url)  # never a new store: a typo must not "work"
     engine = db.make_engine(settings.database.url)
     try:
         with db.session_factory(engine)() as session:
@@ -49,10 +62,11 @@ def _run(database_url: str | None, work: Callable[[Settings, Session], T]) -> T:
             return work(settings, session)
     except ApprovalError as exc:
         refused = exc.reason != "not_found"
-        typer.echo(f"refused: {exc.detail}" if refused else f"error: {exc}", err=True)
+        line = f"refused: {exc.detail}" if refused else f"error: {exc}"
+        typer.echo(printable(line, one_line=True), err=True)
         raise typer.Exit(1 if refused else 2) from exc
     except DetectorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}", one_line=True), err=True)
         raise typer.Exit(2) from exc
 
 
@@ -67,14 +81,15 @@ def _decide(request: DecisionRequest, url: str | None) -> None:
             return f"{row.status}: {step} by {row.decided_by}"
         control = done.control
         assert control is not None
+        store = db.redact(settings.database.url)
         if request.kind is DecisionKind.ARM:
             unless = "unless DETECTOR_DRY_RUN or the kill switch"
-            return f"armed: {control.scope} may act for real ({unless})"
+            return f"armed: {control.scope} may act for real ({unless}) in {store}"
         if request.kind is DecisionKind.DISARM:
-            return f"disarmed: {control.scope} is dry-run only"
+            return f"disarmed: {control.scope} is dry-run only in {store}"
         return _kill_switch_line(settings, session)
 
-    typer.echo(_run(url, work))
+    typer.echo(printable(_run(url, work)))
 
 
 def _kill_switch_line(settings: Settings, session: Session) -> str:
@@ -83,8 +98,31 @@ def _kill_switch_line(settings: Settings, session: Session) -> str:
     )
     setting = settings.containment.kill_switch
     on = bool(stored) or setting
-    where = "the setting DETECTOR_CONTAINMENT__KILL_SWITCH" if setting else "the store"
-    return f"kill switch {'on' if on else 'off'}" + (f" ({where})" if on else "")
+    store = db.redact(settings.database.url)
+    where = "the setting DETECTOR_CONTAINMENT__KILL_SWITCH" if setting else f"the store {store}"
+    return f"kill switch {'on' if on else 'off'}" + (f" ({where})" if on else f" in {store}")
+
+
+def _status_lines(settings: Settings, session: Session, limit: int) -> str:
+    """Return the kill switch's state, then the latest control changes (latest first)."""
+    lines = [_kill_switch_line(settings, session)]
+    changes = controls.history(session=session, limit=limit)
+    lines.append(f"control changes, latest first ({len(changes)} shown, at most {limit}):")
+    for row in changes:
+        when = row.changed_at.astimezone(UTC).isoformat(timespec="seconds")
+        what = controls.describe(row.scope, row.name, row.enabled)
+        why = f": {row.reason}" if row.reason else ""
+        lines.append(
+            printable(f"  {when}  {what} by {controls.origin_text(row)}{why}", one_line=True)
+        )
+    if not changes:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def _host() -> str:
+    """Return this machine's name, recorded with each control change made from the CLI."""
+    return socket.gethostname()
 
 
 def approve_cmd(
@@ -115,10 +153,13 @@ def arm_cmd(
     workload: Annotated[str, typer.Argument(help="NAMESPACE/WORKLOAD")],
     who: AsOption = None,
     reason: ReasonOption = "",
+    force: ForceOption = False,
     database_url: DbOption = None,
 ) -> None:
     """Let containment act for real on a workload (it is dry-run until armed)."""
-    request = DecisionRequest(DecisionKind.ARM, "cli", who or "", reason, workload=workload)
+    request = DecisionRequest(
+        DecisionKind.ARM, "cli", who or "", reason, workload=workload, force=force, host=_host()
+    )
     _decide(request, database_url)
 
 
@@ -126,10 +167,13 @@ def disarm_cmd(
     workload: Annotated[str, typer.Argument(help="NAMESPACE/WORKLOAD")],
     who: AsOption = None,
     reason: ReasonOption = "",
+    force: ForceOption = False,
     database_url: DbOption = None,
 ) -> None:
     """Make a workload dry-run only again (wins over DETECTOR_CONTAINMENT__ARMED_WORKLOADS)."""
-    request = DecisionRequest(DecisionKind.DISARM, "cli", who or "", reason, workload=workload)
+    request = DecisionRequest(
+        DecisionKind.DISARM, "cli", who or "", reason, workload=workload, force=force, host=_host()
+    )
     _decide(request, database_url)
 
 
@@ -137,18 +181,26 @@ def kill_switch_cmd(
     state: Annotated[str, typer.Argument(help="on, off or status")],
     who: AsOption = None,
     reason: ReasonOption = "",
+    last: Annotated[
+        int, typer.Option(min=1, max=1000, help="status: how many control changes to show")
+    ] = controls.HISTORY_ROWS,
     database_url: DbOption = None,
 ) -> None:
-    """Hold (on) or release (off) every actuator call of every workload; status shows it."""
+    """Hold (on) or release (off) every actuator call of every workload; status shows it.
+
+    ``status`` prints the switch, then the latest changes of every control (kill switch,
+    arming): when, what, who, from where and why.
+    """
     if state not in ("on", "off", "status"):
         typer.echo("error: STATE must be on, off or status", err=True)
         raise typer.Exit(2)
 
     if state == "status":
-        typer.echo(_run(database_url, _kill_switch_line))
+        status = _run(database_url, lambda s, session: _status_lines(s, session, last))
+        typer.echo(printable(status))
         return
     kind = DecisionKind.KILL_SWITCH_ON if state == "on" else DecisionKind.KILL_SWITCH_OFF
-    _decide(DecisionRequest(kind, "cli", who or "", reason), database_url)
+    _decide(DecisionRequest(kind, "cli", who or "", reason, host=_host()), database_url)
 
 
 def serve_cmd(
@@ -168,7 +220,7 @@ def serve_cmd(
     try:
         settings = cli_settings(database_url, None)
     except DetectorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}", one_line=True), err=True)
         raise typer.Exit(2) from exc
     if not settings.web.tokens:
         typer.echo("warning: no DETECTOR_WEB__TOKENS: every request will be refused", err=True)

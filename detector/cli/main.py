@@ -32,6 +32,7 @@ from detector.events.reader import total_bytes
 from detector.events.sources.raw_text import LogIdentity
 from detector.pipeline import replay
 from detector.report.document import ReplayResult, to_document
+from detector.textsafe import printable
 
 app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args_is_help=True)
 PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this
@@ -121,9 +122,9 @@ def migrate_cmd(
         settings = _settings(database_url, None)
         db.upgrade(settings.database.url)
     except DetectorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(printable(f"error: {exc}"), err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"database at head: {settings.database.url}")
+    typer.echo(printable(f"database at head: {db.redact(settings.database.url)}"))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -140,3 +140,25 @@ class StepAction(Base):
     status: Mapped[str] = mapped_column(String(16))
     time: Mapped[datetime] = mapped_column(UTCDateTime())
     dedupe_key: Mapped[str] = mapped_column(String(512), unique=True)
+
+
+class ControlChange(Base):
+    """One change of an operator's switch, kept forever: who, when, why and from where.
+
+    ``scope`` and ``name`` as in ``Control``; ``changed_at`` is the wall clock (a person's
+    decision); ``via`` the face (``cli``, ``http`` ...) and ``host`` the machine the CLI ran on
+    (empty for other faces). ``Control`` keeps only the latest state.
+    """
+
+    __tablename__ = "control_changes"
+    __table_args__ = (Index("ix_control_changes_changed_at", "changed_at"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(512))
+    name: Mapped[str] = mapped_column(String(64))
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    changed_by: Mapped[str] = mapped_column(String(255))
+    via: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")

@@ -48,6 +48,7 @@ TABLES = {
     "runbook_steps",
     "questions",
     "dead_letters",
+    "control_changes",
 }
 
 
