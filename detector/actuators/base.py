@@ -41,6 +41,7 @@ class Reason(StrEnum):
     INVALID_REQUEST = "invalid_request"  # a bad value, step, plan or target: nothing was sent
     NOT_CONFIGURED = "not_configured"  # the settings name no object for this step's workload
     UNSUPPORTED = "unsupported"  # the object cannot be changed this way (shell string, valueFrom)
+    MANUAL = "manual"  # the detector does not make this change: the error says what to do by hand
     NOT_FOUND = "not_found"  # the object does not exist (HTTP 404 too)
     # the actuator's own state
     IO_ERROR = "io_error"  # an OSError from a hook (reading or writing a file)

@@ -25,6 +25,14 @@ from detector.actuators.kubernetes.actuator import (
     RBAC_PERMISSIONS,
     RESOURCE_NAMES,
 )
+from detector.actuators.kubernetes.api import (
+    CALLS,
+    DEPLOYMENTS,
+    LEADERWORKERSETS,
+    ROLLOUTS,
+    STATEFULSETS,
+    Verb,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NOT_KUBERNETES = {"compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"}
@@ -176,6 +184,17 @@ def test_rbac_rules_grant_exactly_what_the_actuators_call() -> None:
     assert all(not names for *_, names in _grants(cluster_role))
     (role,) = _by_kind("Role")
     assert role["metadata"]["namespace"] == DEFAULT_CONTROLLER_CONFIGMAP[0]
+
+
+def test_each_serving_controller_is_read_watched_and_patched_never_created_or_deleted() -> None:
+    (cluster_role,) = _by_kind("ClusterRole")
+    grants = _grants(cluster_role)
+    for kind in (DEPLOYMENTS, STATEFULSETS, ROLLOUTS, LEADERWORKERSETS):
+        verbs = {v for g, r, v, _ in grants if (g, r) == (kind.group, kind.plural)}
+        assert verbs == {"get", "list", "watch", "patch"}, kind.label
+        assert {(kind, Verb.GET), (kind, Verb.PATCH)} <= CALLS  # the actuators' own calls
+    pod_verbs = {v for _, r, v, _ in grants if r == "pods"}
+    assert pod_verbs == {"get", "list", "watch", "delete"}  # an LWS group: its leader pod
 
 
 def test_bindings_tie_the_service_account_to_the_roles() -> None:

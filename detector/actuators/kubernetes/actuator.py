@@ -67,6 +67,12 @@ READ_PERMISSIONS: frozenset[Permission] = frozenset(
     {
         Permission("apps", "deployments", "list"),
         Permission("apps", "deployments", "watch"),
+        Permission("apps", "statefulsets", "list"),
+        Permission("apps", "statefulsets", "watch"),
+        Permission("argoproj.io", "rollouts", "list"),
+        Permission("argoproj.io", "rollouts", "watch"),
+        Permission("leaderworkerset.x-k8s.io", "leaderworkersets", "list"),
+        Permission("leaderworkerset.x-k8s.io", "leaderworkersets", "watch"),
         Permission("", "pods", "list"),
         Permission("", "pods", "watch"),
         Permission("", "events", "get"),
@@ -77,8 +83,9 @@ READ_PERMISSIONS: frozenset[Permission] = frozenset(
     }
 )
 """Read-only grants the detector needs beside the actuators' own calls (least privilege):
-watching pods, Deployments and events for signals and for the staggered-restart planner, and
-reading PodDisruptionBudgets."""
+watching pods, the serving controllers (Deployments, StatefulSets, Argo Rollouts,
+LeaderWorkerSets) and events for signals and for the staggered-restart planner, and reading
+PodDisruptionBudgets."""
 
 RBAC_PERMISSIONS: frozenset[Permission] = ACTUATOR_PERMISSIONS | READ_PERMISSIONS
 """Every grant of deploy/rbac.yaml; the manifest test checks the file against it."""

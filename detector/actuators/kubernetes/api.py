@@ -89,6 +89,11 @@ class Kind:
 
 
 DEPLOYMENTS = Kind("apps", "v1", "deployments")
+STATEFULSETS = Kind("apps", "v1", "statefulsets")
+ROLLOUTS = Kind("argoproj.io", "v1alpha1", "rollouts", True)
+"""Argo Rollouts: https://argoproj.github.io/argo-rollouts/features/specification/"""
+LEADERWORKERSETS = Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", True)
+"""LeaderWorkerSet: https://lws.sigs.k8s.io/docs/reference/leaderworkerset.v1/"""
 PODS = Kind("", "v1", "pods")
 CONFIGMAPS = Kind("", "v1", "configmaps")
 INGRESSES = Kind("networking.k8s.io", "v1", "ingresses")
@@ -184,6 +189,12 @@ CALLS: frozenset[tuple[Kind, Verb]] = frozenset(
     {
         (DEPLOYMENTS, Verb.GET),
         (DEPLOYMENTS, Verb.PATCH),
+        (STATEFULSETS, Verb.GET),
+        (STATEFULSETS, Verb.PATCH),
+        (ROLLOUTS, Verb.GET),
+        (ROLLOUTS, Verb.PATCH),
+        (LEADERWORKERSETS, Verb.GET),
+        (LEADERWORKERSETS, Verb.PATCH),
         (PODS, Verb.GET),
         (PODS, Verb.EVICT),
         (PODS, Verb.DELETE),
@@ -284,6 +295,8 @@ class KubeApi:
         methods: dict[tuple[Kind, Verb], _Call] = {
             (DEPLOYMENTS, Verb.GET): self._apps.read_namespaced_deployment,
             (DEPLOYMENTS, Verb.PATCH): self._apps.patch_namespaced_deployment,
+            (STATEFULSETS, Verb.GET): self._apps.read_namespaced_stateful_set,
+            (STATEFULSETS, Verb.PATCH): self._apps.patch_namespaced_stateful_set,
             (PODS, Verb.GET): self._core.read_namespaced_pod,
             (PODS, Verb.EVICT): self._core.create_namespaced_pod_eviction,
             (PODS, Verb.DELETE): self._core.delete_namespaced_pod,

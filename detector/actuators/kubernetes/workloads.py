@@ -282,8 +282,11 @@ class PodEvictor(KubernetesActuator):
         """Return ``kubernetes:pods/NAMESPACE``."""
         return f"kubernetes:pods/{self.namespace}"
 
-    def plan(self, pod: str) -> Plan:
-        """Return the plan that evicts (or deletes) ``pod``; ActuatorError(``not_found``)."""
+    def plan(self, pod: str, *, note: str = "") -> Plan:
+        """Return the plan that evicts (or deletes) ``pod``; ActuatorError(``not_found``).
+
+        ``note`` is added to the summary (what the pod's controller does next).
+        """
         ref = ObjectRef(PODS, self.namespace, pod)
         with self._mutex:
             obj = self.api.get(ref)
@@ -297,7 +300,12 @@ class PodEvictor(KubernetesActuator):
                 if self.mode == "evict"
                 else "by DELETE (PodDisruptionBudgets NOT consulted)"
             )
-            return self._plan(target, None, f"{self.mode} pod {self.namespace}/{pod} {how}")
+            summary = f"{self.mode} pod {self.namespace}/{pod} {how}"
+            return self._plan(target, None, f"{summary}; {note}" if note else summary)
+
+    def skip(self, pod: str, why: str) -> Plan:
+        """Return the empty plan of a restart move that has nothing to send (``why`` says)."""
+        return Plan(self.action, self.target, (), f"pod {self.namespace}/{pod}: {why}")
 
     def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
         """Refuse (``irreversible``): an evicted pod is gone; its controller replaces it."""

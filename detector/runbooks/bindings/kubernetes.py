@@ -3,11 +3,18 @@
 One ``KubeApi`` (the official client, from a kubeconfig file or the in-cluster service
 account, ``retries = 0``) serves every workload; each step's params name the object:
 
-- ``lower_batch_ceiling``: the step's ``namespace``/``workload`` Deployment (``workload_kind``
-  must be Deployment), its engine's ceilings from the rendered ``settings``
-  (``ceilings_from_step``), rolled out one pod at a time;
-- ``stagger_restarts``: the step machine hands over one pod per move (``pod`` param, in the planned
-  order, spaced); each is evicted (PodDisruptionBudgets respected) or deleted;
+- ``lower_batch_ceiling``: the engine's ceilings from the rendered ``settings``
+  (``ceilings_from_step``) in the step's ``namespace``/``workload``, resolved from its
+  ``workload_kind`` to the controller that owns the pod template
+  (``detector.actuators.kubernetes.resolve``): a Deployment, StatefulSet, Argo Rollout or
+  LeaderWorkerSet, rolled out one pod (one group) at a time;
+- ``stagger_restarts``: the step machine hands over one pod per move (``pod`` param, in the
+  planned order, spaced); each is evicted (PodDisruptionBudgets respected) or deleted, a
+  LeaderWorkerSet group through its leader pod, and an Argo Rollout restarts through its own
+  ``spec.restartAt`` (``detector.actuators.kubernetes.restarts``);
+- a workload step the detector does not make (a kind it does not know, a controller owned by
+  another, a Rollout with ``workloadRef`` or blueGreen, flags in a shell string) is planned
+  by ``ManualFallback`` as what to do by hand, and fails with reason ``manual``;
 - ``enable_rate_limit``: ingress-nginx annotations on the step's Ingress (or the mapped ones),
   or an Envoy Gateway BackendTrafficPolicy on its HTTPRoute.
 
@@ -17,32 +24,66 @@ planned step's params into what those actuators take.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kubernetes import client, config
 
-from detector.actuators.base import ActuatorError, Plan, Reason
-from detector.actuators.kubernetes.api import FIELD_MANAGER, ApiRequest, KubeApi, Verb
+from detector.actuators.base import ActionResult, ActuatorError, Plan, Reason
+from detector.actuators.kubernetes.actuator import KubernetesActuator
+from detector.actuators.kubernetes.api import (
+    DEPLOYMENTS,
+    FIELD_MANAGER,
+    ROLLOUTS,
+    ApiRequest,
+    KubeApi,
+    Verb,
+)
+from detector.actuators.kubernetes.controllers import CONTROLLERS
 from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
     IngressNginxRateLimit,
     IngressRateLimit,
 )
 from detector.actuators.kubernetes.patch import ENGINE_PARAMS, engine_params, parse_fields
-from detector.actuators.kubernetes.workloads import DeploymentCeilings, DeploymentTarget, PodEvictor
+from detector.actuators.kubernetes.resolve import (
+    MANUAL_PREFIX,
+    RESTARTABLE,
+    SUPPORTED,
+    ManualStep,
+    Workload,
+    ceilings_by_hand,
+    resolve_workload,
+    restart_by_hand,
+)
+from detector.actuators.kubernetes.restarts import PodRestarts
+from detector.actuators.kubernetes.templates import (
+    ControllerCeilings,
+    RolloutRestart,
+    WorkloadTarget,
+)
+from detector.actuators.kubernetes.workloads import DeploymentCeilings, DeploymentTarget
 from detector.capacity.numbers import coerce_int
 from detector.config import KubernetesSettings
 from detector.errors import ConfigError
+from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.bindings.keyed import KeyedBinding, workload_of
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 
 log = logging.getLogger(__name__)
-_CONTAINER_KEY = re.compile(r"^containers\[(?P<c>[^\]]+)\]\.(?:args|command|env)\[(?P<n>[^\]]+)\]$")
+_CONTAINER_KEY = re.compile(
+    r"^(?:[A-Za-z]+Template\.)?containers\[(?P<c>[^\]]+)\]\.(?:args|command|env)\[(?P<n>[^\]]+)\]$"
+)
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 CeilingKey = tuple[str, str, str | None, str]  # namespace, Deployment, container, engine
+WorkloadKey = tuple[str, str, str, str | None, str]  # kind, namespace, name, container, engine
+RestartKey = tuple[str, ...]  # ("rollout", namespace, name) | ("pods", namespace, kind, name)
+_KINDS = {DEPLOYMENTS.label: "Deployment", **{c.kind.label: c.name for c in CONTROLLERS.values()}}
 
 
 class ManagedKubeApi(KubeApi):
@@ -168,13 +209,9 @@ def _target_parts(target: str, prefix: str) -> list[str]:
     return parts
 
 
-def ceiling_key_of_plan(plan: Plan) -> CeilingKey:
-    """Return (namespace, Deployment, container, engine) that a ceilings plan was made for.
-
-    The engine is the one whose flags or env variables the plan's fields name (each engine's
-    concurrency ceiling is its own). Raises ActuatorError(``invalid_request``).
-    """
-    namespace, name = _target_parts(plan.target, "deployments.apps")[:2]
+def _engine_of_plan(plan: Plan) -> tuple[str, set[str]]:
+    """Return the engine whose flags or env variables a ceilings plan's fields name, and the
+    containers they are in; ActuatorError(``invalid_request``) when it names no ceiling."""
     seen: set[str] = set()
     containers: set[str] = set()
     for change in plan.changes:
@@ -189,35 +226,140 @@ def ceiling_key_of_plan(plan: Plan) -> CeilingKey:
         for engine, params in ENGINE_PARAMS.items()
     }
     engine = max(scores, key=lambda e: scores[e])
-    if len(containers) != 1 or scores[engine] == 0:
+    if scores[engine] == 0:
+        raise ActuatorError(Reason.INVALID_REQUEST, f"{plan.target}: no engine ceiling in the plan")
+    return engine, containers
+
+
+def ceiling_key_of_plan(plan: Plan) -> CeilingKey:
+    """Return (namespace, Deployment, container, engine) that a ceilings plan was made for.
+
+    The engine is the one whose flags or env variables the plan's fields name (each engine's
+    concurrency ceiling is its own). Raises ActuatorError(``invalid_request``).
+    """
+    namespace, name = _target_parts(plan.target, "deployments.apps")[:2]
+    engine, containers = _engine_of_plan(plan)
+    if len(containers) != 1:
         raise ActuatorError(Reason.INVALID_REQUEST, f"{plan.target}: no engine ceiling in the plan")
     return namespace, name, containers.pop(), engine
 
 
-def ceilings(api: KubeApi, cfg: KubernetesSettings) -> KeyedBinding[CeilingKey, DeploymentCeilings]:
-    """Return the ``lower_batch_ceiling`` binding: Deployment args or env, by engine."""
+class ManualFallback:
+    """Plan through ``inner``; a step it refuses with reason ``manual`` becomes a manual plan.
 
-    def key_of_step(step: PlannedStep) -> CeilingKey:
-        kind = step.params.get("workload_kind")
-        if kind != "Deployment":
-            raise ActuatorError(
-                Reason.UNSUPPORTED, f"{kind} ceilings are not patched: a Deployment"
-            )
-        engine, _ = ceilings_from_step(step)
+    The error's message says what to do by hand; the plan (``ManualStep``, target
+    ``kubernetes:manual/KIND/NAMESPACE/NAME``) changes nothing and carries it as its summary.
+    Apply and revert of a manual plan, also one read back from the store, go to ``ManualStep``
+    (apply fails with reason ``manual`` and the instructions); every other plan to ``inner``.
+    """
+
+    def __init__(self, inner: StepActuator) -> None:
+        self.inner = inner
+        self.manual = ManualStep()
+
+    def plan_step(self, step: PlannedStep) -> Plan:
+        """Return ``inner``'s plan of ``step``, or the manual plan of a ``manual`` refusal."""
+        try:
+            return self.inner.plan_step(step)
+        except ActuatorError as exc:
+            if exc.reason != Reason.MANUAL:
+                raise
+            text = exc.detail
         namespace, name = workload_of(step).split("/")
-        return namespace, name, cfg.containers.get(f"{namespace}/{name}"), engine
+        workload = Workload(step.params.get("workload_kind") or "unknown", namespace, name)
+        log.info("manual step step=%s workload=%s: %s", step.step_id, workload.label, text)
+        return self.manual.plan(step.action.value, workload, text)
 
-    def build(key: CeilingKey) -> DeploymentCeilings:
-        namespace, name, container, engine = key
-        target = DeploymentTarget(namespace, name, container)
-        return DeploymentCeilings(api, target, engine, rollout=cfg.rollout)
+    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Apply through ``inner``; a manual plan fails with its instructions."""
+        if plan.target.startswith(MANUAL_PREFIX):
+            return self.manual.apply(plan, dry_run=dry_run)
+        return self.inner.apply(plan, dry_run=dry_run)
 
-    return KeyedBinding(
-        key_of_step=key_of_step,
-        key_of_plan=ceiling_key_of_plan,
-        build=build,
-        plan_for=lambda act, step: act.plan(ceilings_from_step(step)[1]),
+    def revert(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        """Revert through ``inner``; a manual plan changed nothing (``unchanged``)."""
+        if plan.target.startswith(MANUAL_PREFIX):
+            return self.manual.revert(plan, dry_run=dry_run)
+        return self.inner.revert(plan, dry_run=dry_run)
+
+
+def _not_patched(workload: Workload) -> str | None:
+    """Return why the detector does not patch ``workload``'s ceilings, or None."""
+    if workload.managed_by is not None:
+        kind, name = workload.managed_by
+        return (
+            f"{workload.label} is managed by {kind} {name} (its controller reference): a patch "
+            "to it would be undone"
+        )
+    if workload.kind == "unknown":
+        return f"pod {workload.namespace}/{workload.name} has no controller the detector knows"
+    if workload.kind not in SUPPORTED:
+        return f"the detector does not patch the ceilings of kind {workload.kind}"
+    return None
+
+
+WorkloadCeilings = DeploymentCeilings | ControllerCeilings
+
+
+def ceilings(api: KubeApi, cfg: KubernetesSettings) -> ManualFallback:
+    """Return the ``lower_batch_ceiling`` binding: the engine args or env of the pod template
+    of the workload's controller (Deployment, StatefulSet, Rollout, LeaderWorkerSet)."""
+
+    def container_of(namespace: str, *names: str) -> str | None:
+        return next((c for n in names if (c := cfg.containers.get(f"{namespace}/{n}"))), None)
+
+    def key_of_step(step: PlannedStep) -> WorkloadKey:
+        engine, wanted = ceilings_from_step(step)
+        namespace, name = workload_of(step).split("/")
+        kind = step.params.get("workload_kind") or ""
+        workload = resolve_workload(api, kind, namespace, name)
+        container = container_of(namespace, name, workload.name)
+        why = _not_patched(workload)
+        if why is not None:
+            text = ceilings_by_hand(workload, engine, wanted, why, container)
+            raise ActuatorError(Reason.MANUAL, text)
+        return workload.kind, namespace, workload.name, container, engine
+
+    def key_of_plan(plan: Plan) -> WorkloadKey:
+        label = plan.target.removeprefix("kubernetes:").split("/")[0]
+        kind = _KINDS.get(label)
+        if kind is None:
+            raise ActuatorError(Reason.INVALID_REQUEST, f"{plan.target} is not a workload target")
+        if kind == "Deployment":
+            namespace, name, container, engine = ceiling_key_of_plan(plan)
+            return kind, namespace, name, container, engine
+        namespace, name = _target_parts(plan.target, label)[:2]
+        return kind, namespace, name, container_of(namespace, name), _engine_of_plan(plan)[0]
+
+    def build(key: WorkloadKey) -> WorkloadCeilings:
+        kind, namespace, name, container, engine = key
+        if kind == "Deployment":
+            target = DeploymentTarget(namespace, name, container)
+            return DeploymentCeilings(api, target, engine, rollout=cfg.rollout)
+        workload = WorkloadTarget(CONTROLLERS[kind], namespace, name, container)
+        return ControllerCeilings(api, workload, engine, rollout=cfg.rollout)
+
+    def plan_for(act: WorkloadCeilings, step: PlannedStep) -> Plan:
+        engine, wanted = ceilings_from_step(step)
+        try:
+            return act.plan(wanted)
+        except ActuatorError as exc:
+            if exc.reason != Reason.UNSUPPORTED:
+                raise
+            if isinstance(act, DeploymentCeilings):
+                d = act.deployment
+                workload, container = Workload("Deployment", d.namespace, d.name), d.container
+            else:
+                w = act.workload
+                workload = Workload(w.controller.name, w.namespace, w.name)
+                container = w.container
+            text = ceilings_by_hand(workload, engine, wanted, exc.detail, container)
+            raise ActuatorError(Reason.MANUAL, text) from exc
+
+    binding: KeyedBinding[WorkloadKey, WorkloadCeilings] = KeyedBinding(
+        key_of_step=key_of_step, key_of_plan=key_of_plan, build=build, plan_for=plan_for
     )
+    return ManualFallback(binding)
 
 
 def _pod_of(step: PlannedStep) -> str:
@@ -227,23 +369,66 @@ def _pod_of(step: PlannedStep) -> str:
     return pod
 
 
-def evictions(api: KubeApi, cfg: KubernetesSettings) -> KeyedBinding[str, PodEvictor]:
-    """Return the ``stagger_restarts`` binding: the pod of each restart move, evicted.
+def _pods_of(step: PlannedStep) -> list[str]:
+    """Return the step's planned restart order (its ``pods`` param, a JSON list)."""
+    try:
+        pods = json.loads(step.params.get("pods") or "[]")
+    except ValueError:
+        return []
+    return [str(p) for p in pods] if isinstance(pods, list) else []
+
+
+def evictions(
+    api: KubeApi,
+    cfg: KubernetesSettings,
+    *,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> ManualFallback:
+    """Return the ``stagger_restarts`` binding: one restart move per pod, by its controller.
 
     The engine moves one pod at a time in the planned order (``pod`` param), spaced by the
-    step's ``spacing_s``; one ``PodEvictor`` per namespace plans each.
+    step's ``spacing_s``. Each move evicts the pod (``PodRestarts``: a LeaderWorkerSet group
+    through its leader); for an Argo Rollout a move sets ``spec.restartAt`` to ``clock()``
+    (the wall clock: Argo compares it with pod creation times) unless Argo restarts that pod
+    already (``RolloutRestart.plan_move``). Pods of other kinds are restarted by hand
+    (``manual``).
     """
     mode: Literal["evict", "delete"] = "evict" if cfg.restart_method == "eviction" else "delete"
 
-    def namespace_of(step: PlannedStep) -> str:
-        return workload_of(step).split("/")[0]
+    def key_of_step(step: PlannedStep) -> RestartKey:
+        namespace, name = workload_of(step).split("/")
+        workload = resolve_workload(api, step.params.get("workload_kind") or "", namespace, name)
+        if workload.kind == "Rollout":
+            return "rollout", namespace, workload.name
+        if workload.kind not in RESTARTABLE:
+            why = f"the detector does not restart the pods of kind {workload.kind}"
+            raise ActuatorError(Reason.MANUAL, restart_by_hand(workload, _pod_of(step), why))
+        return "pods", namespace, workload.kind, workload.name
 
-    return KeyedBinding(
-        key_of_step=namespace_of,
-        key_of_plan=lambda plan: _target_parts(plan.target, "pods")[0],
-        build=lambda ns: PodEvictor(api, ns, mode=mode, grace_period_s=cfg.grace_period_s),
-        plan_for=lambda act, step: act.plan(_pod_of(step)),
+    def key_of_plan(plan: Plan) -> RestartKey:
+        if plan.target.startswith(f"kubernetes:{ROLLOUTS.label}/"):
+            namespace, name = _target_parts(plan.target, ROLLOUTS.label)[:2]
+            return "rollout", namespace, name
+        return "pods", _target_parts(plan.target, "pods")[0], "", ""
+
+    def build(key: RestartKey) -> KubernetesActuator:
+        if key[0] == "rollout":
+            return RolloutRestart(api, key[1], key[2])
+        workload = Workload(key[2], key[1], key[3]) if key[2] else None
+        return PodRestarts(api, key[1], workload, mode=mode, grace_period_s=cfg.grace_period_s)
+
+    def plan_for(act: KubernetesActuator, step: PlannedStep) -> Plan:
+        pod, order = _pod_of(step), _pods_of(step)
+        if isinstance(act, RolloutRestart):
+            return act.plan_move(pod, clock())
+        if not isinstance(act, PodRestarts):
+            raise ActuatorError(Reason.INVALID_REQUEST, f"{act.target} restarts no pod")
+        return act.plan_move(pod, order)
+
+    binding: KeyedBinding[RestartKey, KubernetesActuator] = KeyedBinding(
+        key_of_step=key_of_step, key_of_plan=key_of_plan, build=build, plan_for=plan_for
     )
+    return ManualFallback(binding)
 
 
 IngressKey = tuple[str, tuple[str, ...]]

@@ -10,10 +10,15 @@ dry-run; otherwise it reads and records the exact change.
   (``containment.nginx``), ingress-nginx annotations or an Envoy Gateway policy
   (``containment.kubernetes``), Kong's ``rate-limiting`` plugin (``containment.kong``), or
   Envoy's local rate limit switched on at runtime (``containment.envoy``);
-- ``lower_batch_ceiling``: ``containment.batch_ceiling_driver()``: the Deployment's engine
-  args or env (``kubernetes``), a Triton model reload (``triton``) or Ray Serve
+- ``lower_batch_ceiling``: ``containment.batch_ceiling_driver()``: the engine args or env
+  in the pod template of the workload's controller, a Deployment, StatefulSet, Argo Rollout
+  or LeaderWorkerSet (``kubernetes``), a Triton model reload (``triton``) or Ray Serve
   ``max_ongoing_requests`` (``rayserve``);
-- ``stagger_restarts``: pod evictions (or deletes) when ``containment.kubernetes`` is set.
+- ``stagger_restarts``: pod evictions (or deletes), a LeaderWorkerSet group through its
+  leader, an Argo Rollout through ``spec.restartAt``, when ``containment.kubernetes`` is set.
+
+A Kubernetes workload step the detector does not make is planned as what to do by hand and
+fails with reason ``manual`` (``bindings.kubernetes.ManualFallback``).
 
 The Kubernetes bindings are in :mod:`detector.runbooks.bindings.kubernetes`; each other
 family's step translator (``rate_limit_from_step`` ...) in its own module of this package
