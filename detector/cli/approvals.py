@@ -37,6 +37,14 @@ DbOption = Annotated[
 ]
 AsOption = Annotated[str | None, typer.Option("--as", help="who does it (default: the OS user)")]
 ReasonOption = Annotated[str, typer.Option(help="why, recorded on the timeline")]
+PlanOption = Annotated[
+    str,
+    typer.Option(
+        "--plan",
+        help="the plan digest you decide on, as the approval request shows it "
+        "(refused if the plan changed since)",
+    ),
+]
 ForceOption = Annotated[
     bool, typer.Option("--force", help="a workload the store has no incident or verdict of")
 ]
@@ -130,10 +138,11 @@ def approve_cmd(
     step: Annotated[str, typer.Argument(help="step id or position")],
     who: Annotated[str, typer.Option("--as", help="approver (on the allow-list)")],
     reason: ReasonOption = "",
+    plan: PlanOption = "",
     database_url: DbOption = None,
 ) -> None:
     """Approve a step waiting for approval; the detector applies it at its next pass."""
-    request = DecisionRequest(DecisionKind.APPROVE, "cli", who, reason, incident, step)
+    request = DecisionRequest(DecisionKind.APPROVE, "cli", who, reason, incident, step, plan=plan)
     _decide(request, database_url)
 
 
@@ -142,10 +151,11 @@ def deny_cmd(
     step: Annotated[str, typer.Argument(help="step id or position")],
     who: Annotated[str, typer.Option("--as", help="approver (on the allow-list)")],
     reason: ReasonOption = "",
+    plan: PlanOption = "",
     database_url: DbOption = None,
 ) -> None:
     """Deny a step waiting for approval: nothing is applied, the next step takes over."""
-    request = DecisionRequest(DecisionKind.DENY, "cli", who, reason, incident, step)
+    request = DecisionRequest(DecisionKind.DENY, "cli", who, reason, incident, step, plan=plan)
     _decide(request, database_url)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from detector import db
@@ -87,7 +88,7 @@ def replay_cmd(
             paths, settings, show_progress=not as_json, console=err, identity=identity
         )
     except (DetectorError, FileNotFoundError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(printable(str(exc)))}")
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(to_document(result), indent=2, default=str))

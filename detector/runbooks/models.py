@@ -1,7 +1,6 @@
 """ORM models of runbook runs: runs, steps, approvals, operator controls, the action history.
 
-The same tables the incident store always had (no migration change); they belong to the
-runbooks package because only containment reads and writes them. ``RunbookRun`` and
+They belong to the runbooks package because only containment reads and writes them. ``RunbookRun`` and
 ``StepApproval`` hang off an incident by ``incident_id``; the backrefs ``Incident.runs`` and
 ``Incident.approvals`` are declared here so that ``detector.incidents`` knows nothing of runbooks.
 """

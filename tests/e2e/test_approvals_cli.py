@@ -90,6 +90,17 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     assert replay(url, full)["timeline"] == again["timeline"]  # a third pass adds nothing
 
 
+def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    inc = replay(url, awaiting_now(tmp_path / "cut"))
+    digest = inc["steps"][2]["approval_state"]["plan"]
+    args = ("approve", inc["key"], "3", "--as", "alice", "--db", url)
+    stale = detector(*args, "--plan", "000000000000", **APPROVERS)
+    assert stale.returncode == 1 and "the plan changed" in stale.stderr, stale.stderr
+    fresh = detector(*args, "--plan", digest, **APPROVERS)
+    assert fresh.returncode == 0, fresh.stderr
+
+
 def test_a_late_approval_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_in_2025(tmp_path / "cut"))  # its approval expired in 2025
