@@ -1,8 +1,9 @@
 """ORM models of runbook runs: runs, steps, approvals, operator controls, the action history.
 
-They belong to the runbooks package because only containment reads and writes them. ``RunbookRun`` and
-``StepApproval`` hang off an incident by ``incident_id``; the backrefs ``Incident.runs`` and
-``Incident.approvals`` are declared here so that ``detector.incidents`` knows nothing of runbooks.
+They belong to the runbooks package because only containment reads and writes them.
+``RunbookRun`` and ``StepApproval`` hang off an incident by ``incident_id``; the backrefs
+``Incident.runs`` and ``Incident.approvals`` are declared here so that ``detector.incidents``
+knows nothing of runbooks.
 """
 
 from __future__ import annotations
