@@ -4,10 +4,15 @@ Rules, in order:
 1. load-balancer signals: the upstream name, through the YAML mapping, else the ingress-nginx
    convention ``<namespace>-<service>-<port>`` with the service named after the workload;
    a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;
-2. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>`` or a StatefulSet;
-3. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
-4. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
-Source: https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#pod-template-hash-label
+2. labels that name the top controller, above the pod's immediate owner: a LeaderWorkerSet
+   (``leaderworkerset.sigs.k8s.io/name``; its pods are owned by StatefulSets, one per group)
+   and an Argo Rollout (``rollouts-pod-template-hash``; its pods are owned by ReplicaSets);
+3. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>`` or a StatefulSet;
+4. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
+5. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
+Sources: https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#pod-template-hash-label,
+https://lws.sigs.k8s.io/docs/reference/labels-annotations-and-environment-variables/,
+https://argo-rollouts.readthedocs.io/en/stable/features/specification/ (rollouts-pod-template-hash)
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class WorkloadRef:
 
     namespace: str
     name: str
-    kind: str = "Deployment"  # Deployment | StatefulSet | unknown
+    kind: str = "Deployment"  # Deployment | StatefulSet | Rollout | LeaderWorkerSet | unknown
     cluster: str | None = None
 
     @property
@@ -123,6 +128,11 @@ def workload_of_pod(
     pod: str, labels: dict[str, str], owner: tuple[str, str] | None
 ) -> tuple[str, str]:
     """Return ``(kind, name)`` of the controller owning ``pod``; ``("unknown", pod)`` if none."""
+    if lws := labels.get("leaderworkerset.sigs.k8s.io/name"):
+        return "LeaderWorkerSet", lws
+    rollout_hash = labels.get("rollouts-pod-template-hash")
+    if rollout_hash and f"-{rollout_hash}-" in pod:
+        return "Rollout", pod.rsplit(f"-{rollout_hash}-", 1)[0]
     if owner is not None:
         kind, name = owner
         if kind == "ReplicaSet":

@@ -1,0 +1,33 @@
+"""A pod's workload is its top controller: an LWS or an Argo Rollout, not the owner between."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.correlate.identity import workload_of_pod
+
+LWS = "leaderworkerset.sigs.k8s.io/name"
+
+
+@pytest.mark.parametrize(
+    ("pod", "labels", "owner", "expected"),
+    [
+        # LeaderWorkerSet: the leader's StatefulSet is <lws>, a group's workers' <lws>-<group>;
+        # every pod of every group is one workload
+        ("vllm-0", {LWS: "vllm", "statefulset.kubernetes.io/pod-name": "vllm-0"},
+         ("StatefulSet", "vllm"), ("LeaderWorkerSet", "vllm")),
+        ("vllm-0-1", {LWS: "vllm"}, ("StatefulSet", "vllm-0"), ("LeaderWorkerSet", "vllm")),
+        # Argo Rollout: the ReplicaSet <rollout>-<hash> is not a Deployment's
+        ("llm-6d9f8b7c5d-x2x9k", {"rollouts-pod-template-hash": "6d9f8b7c5d"},
+         ("ReplicaSet", "llm-6d9f8b7c5d"), ("Rollout", "llm")),
+        # unchanged: a Deployment's pod and a plain StatefulSet's
+        ("llm-6d9f8b7c5d-x2x9k", {"pod-template-hash": "6d9f8b7c5d"},
+         ("ReplicaSet", "llm-6d9f8b7c5d"), ("Deployment", "llm")),
+        ("tgi-2", {"statefulset.kubernetes.io/pod-name": "tgi-2"}, ("StatefulSet", "tgi"),
+         ("StatefulSet", "tgi")),
+    ],
+)  # fmt: skip
+def test_the_top_controller_names_the_workload(
+    pod: str, labels: dict[str, str], owner: tuple[str, str], expected: tuple[str, str]
+) -> None:
+    assert workload_of_pod(pod, labels, owner) == expected
