@@ -111,7 +111,8 @@ class KubernetesSettings(BaseModel):
     delete) and ``enable_rate_limit`` through ingress-nginx annotations or an Envoy Gateway
     BackendTrafficPolicy. The mappings are keyed by ``namespace/workload``; without an entry
     the Ingress and HTTPRoute are named like the workload and the Deployment's only container
-    is the serving one.
+    is the serving one. An Envoy Gateway local rate limit counts in each of
+    ``envoy_gateway_replicas`` Envoy replicas, so the step's aggregate limit is divided by it.
     """
 
     kubeconfig: Path | None = Field(None, description="kubeconfig file (None: in-cluster)")
@@ -137,6 +138,9 @@ class KubernetesSettings(BaseModel):
     )
     http_routes: dict[str, str] = Field(
         default_factory=dict, description="namespace/workload -> HTTPRoute (Envoy Gateway)"
+    )
+    envoy_gateway_replicas: int = Field(
+        1, ge=1, description="Envoy proxy replicas: a local rate limit counts in each"
     )
 
     @field_validator("containers", "ingresses", "http_routes")
@@ -195,7 +199,8 @@ class EnvoySettings(HttpAdminSettings):
     """Envoy admin endpoints with a pre-configured local rate limit, switched by runtime keys.
 
     Every listed Envoy (one per replica) gets both keys at 100%; the token bucket comes with
-    the filter config, not from the step.
+    the filter config, not from the step. A local limit counts in each replica, so the plan
+    says what each bucket may let through: the aggregate limit / the admin URLs listed.
     """
 
     admin_urls: list[str] = Field(min_length=1)

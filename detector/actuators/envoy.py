@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from detector.actuators.base import ActuatorError, Plan, Reason
@@ -78,12 +78,18 @@ class EnvoyRuntimeKeys:
 class EnvoyRateLimit:
     """Percent of requests the filter is enabled for and enforces (0-100; 100 and 100: all).
 
-    Enabled but not enforced counts without rejecting (shadow mode). Raises
+    Enabled but not enforced counts without rejecting (shadow mode). ``aggregate_per_min`` is
+    the aggregate limit the containment asks for (requests per minute for all clients; None:
+    not said) and ``replicas`` the Envoys that each count alone (None: the endpoints the
+    actuator drives): the summary says what each replica's pre-configured token bucket may let
+    through at most, since this actuator cannot set it. Raises
     ActuatorError(``invalid_request``).
     """
 
     enabled_percent: int = 100
     enforced_percent: int = 100
+    aggregate_per_min: int | None = None
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -92,12 +98,33 @@ class EnvoyRateLimit:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
                 raise _invalid(f"{name} must be an int in 0-100, got {value!r}")
+        for name, number in (
+            ("aggregate_per_min", self.aggregate_per_min or 1),
+            ("replicas", self.replicas or 1),
+        ):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise _invalid(f"{name} must be an int >= 1, got {number!r}")
+
+    @property
+    def per_replica_per_min(self) -> int | None:
+        """Return the requests per minute each replica's bucket may let through, or None."""
+        if self.aggregate_per_min is None:
+            return None
+        return max(1, self.aggregate_per_min // (self.replicas or 1))
 
     def describe(self) -> str:
         """Return a one-line summary, e.g. ``local rate limit enabled 100% enforced 100%``."""
-        return (
+        text = (
             f"local rate limit enabled {self.enabled_percent}% "
             f"enforced {self.enforced_percent}% -> 429 over the token bucket"
+        )
+        share = self.per_replica_per_min
+        if share is None:
+            return text
+        return (
+            f"{text}; the aggregate limit {self.aggregate_per_min}/min needs each of "
+            f"{self.replicas or 1} Envoy replica(s) to let through at most {share}/min (the token "
+            "bucket of the filter config, per replica: this step does not set it)"
         )
 
 
@@ -173,7 +200,13 @@ class EnvoyLocalRateLimiter(HttpActuator):
         return (self.keys.enabled, self.keys.enforced)
 
     def plan(self, limit: EnvoyRateLimit) -> Plan:
-        """Return the plan that sets both runtime keys on every Envoy (GET /runtime each)."""
+        """Return the plan that sets both runtime keys on every Envoy (GET /runtime each).
+
+        The summary divides ``limit.aggregate_per_min`` among ``limit.replicas``, by default
+        the Envoys listed here (each counts alone).
+        """
+        if limit.replicas is None:
+            limit = replace(limit, replicas=len(self.endpoints))
         desired = {
             self.keys.enabled: str(limit.enabled_percent),
             self.keys.enforced: str(limit.enforced_percent),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Any, NamedTuple
 
 ERROR_STATUSES = frozenset({502, 503, 504})
 
@@ -99,3 +101,118 @@ class RateWindow:
     def error_ratio(self) -> float:
         """Return the 5xx share of responses in the window (0 when there were none)."""
         return self.errors / self.total if self.total else 0.0
+
+
+SLOTS_PER_WINDOW = 6  # a client window is kept in this many slots
+MAX_CLIENTS_PER_SLOT = 10_000  # more distinct addresses in one slot are counted, not named
+MAX_PROXIES_PER_SLOT = 256  # proxy instances named per slot
+
+
+class ClientStats(NamedTuple):
+    """The client distribution of a window: how a per-client limit meets the load.
+
+    ``clients``: distinct client addresses (at least, when ``capped``); ``max_requests``: the
+    most requests one client sent; ``requests``: the requests that named a client; ``proxies``:
+    distinct proxy instances (pods) that logged them (0: none named); ``span_s``: the seconds
+    of event time these counts cover.
+    """
+
+    clients: int
+    max_requests: int
+    requests: int
+    proxies: int
+    span_s: float
+    capped: bool
+
+
+class ClientWindow:
+    """Count requests per client address, and the proxies that logged them, over ``width_s``.
+
+    Kept in ``SLOTS_PER_WINDOW`` slots of ``width_s / SLOTS_PER_WINDOW``, so a window read at
+    ``now`` covers the slot of ``now`` and the ones before it: between ``width_s - slot`` and
+    ``width_s`` seconds. Memory is bounded by the window, not by the clients ever seen: at
+    most ``max_clients`` addresses per slot (beyond, requests count without their address and
+    the stats say ``capped``). Pure; event time passed in.
+    """
+
+    def __init__(self, width_s: float, max_clients: int = MAX_CLIENTS_PER_SLOT) -> None:
+        self.width_s = width_s
+        self.slot_s = width_s / SLOTS_PER_WINDOW
+        self.max_clients = max_clients
+        # [slot index, {client: requests}, {proxy: None}, requests over the cap]
+        self._slots: deque[list[Any]] = deque()
+        self._newest_from = self._newest_to = 0.0  # event times of the newest slot
+
+    def add(self, time: float, client: str | None, proxy: str | None, count: int = 1) -> None:
+        """Add ``count`` requests of ``client`` logged by ``proxy`` at event ``time``."""
+        if self._newest_from <= time < self._newest_to:  # the common case: the newest slot
+            slot = self._slots[-1]
+        else:
+            found = self._find_or_insert(int(time // self.slot_s))
+            if found is None:
+                return
+            slot = found
+        if client is not None:
+            clients = slot[1]
+            if client in clients:
+                clients[client] += count
+            elif len(clients) < self.max_clients:
+                clients[client] = count
+            else:
+                slot[3] += count
+        if proxy is not None:
+            proxies = slot[2]
+            if proxy not in proxies and len(proxies) < MAX_PROXIES_PER_SLOT:
+                proxies[proxy] = None
+
+    def _find_or_insert(self, index: int) -> list[Any] | None:
+        slots = self._slots
+        if not slots or slots[-1][0] < index:
+            slots.append([index, {}, {}, 0])
+            while slots[0][0] <= index - SLOTS_PER_WINDOW:
+                slots.popleft()
+            self._newest_from, self._newest_to = self._start(index), self._start(index + 1)
+            return slots[-1]
+        if index <= slots[-1][0] - SLOTS_PER_WINDOW:
+            return None  # older than the window
+        for slot in reversed(slots):  # late record: walk back a few slots
+            if slot[0] == index:
+                return slot
+            if slot[0] < index:
+                break
+        new: list[Any] = [index, {}, {}, 0]
+        slots.append(new)
+        self._slots = deque(sorted(slots, key=lambda s: s[0]))
+        return new
+
+    def _start(self, index: int) -> float:
+        """Return the first event time ``t`` with ``int(t // slot_s) >= index`` (exactly: the
+        product ``index x slot_s`` is rounded, the floor division is not)."""
+        slot_s, t = self.slot_s, index * self.slot_s
+        while t // slot_s < index:
+            t = math.nextafter(t, math.inf)
+        while math.nextafter(t, -math.inf) // slot_s >= index:
+            t = math.nextafter(t, -math.inf)
+        return t
+
+    def stats(self, now: float) -> ClientStats:
+        """Return the client distribution of the window that ends at ``now`` (event time)."""
+        last = int(now // self.slot_s)
+        window = [s for s in self._slots if last - SLOTS_PER_WINDOW < s[0] <= last]
+        merged: dict[str, int] = {}
+        proxies: set[str] = set()
+        capped = False
+        for _, clients, logged_by, over in window:
+            for client, n in clients.items():
+                merged[client] = merged.get(client, 0) + n
+            proxies.update(logged_by)
+            capped = capped or over > 0
+        span = now - (last - SLOTS_PER_WINDOW + 1) * self.slot_s
+        return ClientStats(
+            clients=len(merged),
+            max_requests=max(merged.values(), default=0),
+            requests=sum(merged.values()),
+            proxies=len(proxies),
+            span_s=round(span, 3),
+            capped=capped,
+        )

@@ -2,7 +2,8 @@
 
 nginx is started by the fixture of test_nginx_actuator.py (Debian package ``nginx``) on free
 loopback ports; the store is a SQLite file. The incident is small: two of four pods died, 5 ok
-responses per second before, so the planner asks for 2 r/s.
+responses per second before, so the planner's aggregate budget is 2.5/s (150 r/m for every
+client together) and, no client being named, 2 r/s per client; the lift relaxes both x2.
 """
 
 from __future__ import annotations
@@ -106,15 +107,15 @@ def test_armed_rate_limit_is_applied_relaxed_and_removed(
             assert tick("cascading", 31) == ["auto_approved", "applied"]
             applied = service.timeline(session=session, incident=incident)[-1]
             assert applied.detail is not None and applied.detail["mode"] == "live"
-            assert "rate=2r/s" in applied.detail["diff"]
+            assert "rate=150r/m" in applied.detail["diff"]
             counts, elapsed = burst(nginx.port)
             assert_limited(counts, elapsed, planned_rate_limit())
 
             assert tick("contained", 100) == ["verified"]
-            assert tick("resolved", 500) == ["lifted"]  # 2 -> 4 r/s, through nginx -t and reload
-            assert "rate=4r/s" in nginx.gateway.http_include.read_text()
+            assert tick("resolved", 500) == ["lifted"]  # x2, through nginx -t and reload
+            assert "rate=5r/s" in nginx.gateway.http_include.read_text()  # 300 r/m
             assert tick("resolved", 560) == []  # not before the lift interval
-            assert tick("resolved", 620) == ["removed"]  # 8 r/s reaches the rate seen before
+            assert tick("resolved", 620) == ["removed"]  # limit_rps 8 reaches the rate seen
             assert nginx.gateway.http_include.read_text() == ""
             assert nginx.gateway.location_include.read_text() == ""
             assert burst(nginx.port)[0] == Counter({200: BURST_N})

@@ -703,6 +703,40 @@ def test_envoy_sets_both_keys_and_revert_keeps_an_earlier_override() -> None:
     }
 
 
+def test_envoy_plan_divides_the_aggregate_among_the_replicas_it_drives() -> None:
+    envoys = [EnvoyFake({"local_rate_limit_enabled": "0"}) for _ in range(2)]
+    servers = [FakeServer(envoy) for envoy in envoys]
+    actuator = EnvoyLocalRateLimiter([server.admin() for server in servers])
+    try:
+        plan = actuator.plan(EnvoyRateLimit(aggregate_per_min=48))
+        assert actuator.apply(plan, dry_run=False).ok
+    finally:
+        for server in servers:
+            server.close()
+    assert "the aggregate limit 48/min needs each of 2 Envoy replica(s)" in plan.summary
+    assert "at most 24/min" in plan.summary  # each Envoy counts alone
+    assert all(e.layers["admin"]["local_rate_limit_enforced"] == "100" for e in envoys)
+
+
+def test_kong_plugin_by_service_carries_the_aggregate_budget() -> None:
+    kong = KongFake()
+    server = FakeServer(kong)
+    actuator = KongRateLimiter(server.admin(), [KongScope("services", "llm")])
+    try:
+        plan = actuator.plan(KongLimit(second=1, minute=48))
+        assert actuator.apply(plan, dry_run=False).ok
+    finally:
+        server.close()
+    (create,) = server.mutations()
+    assert create.body["config"] == {
+        "second": 1,
+        "minute": 48,
+        "policy": "local",
+        "limit_by": "service",
+    }  # every client of the service together: 0.8/s over a minute
+    assert "rate-limiting 1/s 48/min by service" in plan.summary
+
+
 def test_envoy_without_an_admin_layer_is_a_clear_failure() -> None:
     envoy = EnvoyFake({})
     server = FakeServer(envoy)

@@ -177,7 +177,7 @@ def burst(port: int, n: int = BURST_N) -> tuple[Counter[int], float]:
 
 def assert_limited(counts: Counter[int], elapsed_s: float, limit: RateLimit) -> None:
     """Assert the leaky-bucket bound: 1 <= non-429 <= 1 + burst + floor(rate x elapsed)."""
-    allowed = 1 + limit.burst + math.floor(limit.rate_per_s * elapsed_s)
+    allowed = 1 + limit.burst + math.floor(limit.requests_per_s * elapsed_s)
     assert set(counts) <= {200, 429}, counts
     assert 1 <= counts[200] <= allowed, (counts, elapsed_s)
     assert counts[429] == BURST_N - counts[200]
@@ -185,7 +185,11 @@ def assert_limited(counts: Counter[int], elapsed_s: float, limit: RateLimit) -> 
 
 
 def planned_rate_limit() -> RateLimit:
-    """Return the RateLimit the shipped runbook plans for the small cascade (2 r/s)."""
+    """Return the RateLimit the shipped runbook plans for the small cascade.
+
+    Its aggregate budget: 5 ok/s x 2 serving / 4 seen = 2.5/s, as 150 r/m for all clients
+    together (one constant key), and 2 serving x max_num_seqs 128 = 256 connections.
+    """
     return rate_limit_from_step(rate_step())
 
 
@@ -193,24 +197,27 @@ def test_rate_limit_answers_429_at_the_planned_rate_and_revert_restores(
     nginx: RunningNginx,
 ) -> None:
     limit = planned_rate_limit()
-    assert (limit.rate_per_s, limit.zone) == (2, "detector_ml_llm")
+    assert (limit.rate, limit.connections, limit.zone) == ("150r/m", 256, "detector_ml_llm")
     before, _ = burst(nginx.port)
     assert before == Counter({200: BURST_N})
 
     actuator = NginxRateLimiter(nginx.gateway)
     step_plan = actuator.plan(limit)
-    assert "+limit_req_zone global zone=detector_ml_llm:10m rate=2r/s;" in step_plan.diff
+    assert "+limit_req_zone global zone=detector_ml_llm:10m rate=150r/m;" in step_plan.diff
+    assert "+limit_conn_zone global zone=detector_ml_llm_conn:10m;" in step_plan.diff
+    assert "+limit_conn detector_ml_llm_conn 256;" in step_plan.diff
     applied = actuator.apply(step_plan, dry_run=False)
     assert applied.status is Status.OK, applied.message()
     assert actuator.verify(step_plan).status is Status.OK
 
     limited, elapsed_s = burst(nginx.port)
-    print(f"after apply: {dict(limited)} in {elapsed_s:.3f} s at {limit.rate_per_s} r/s")
+    print(f"after apply: {dict(limited)} in {elapsed_s:.3f} s at {limit.rate}")
     assert_limited(limited, elapsed_s, limit)
 
     reverted = actuator.revert(step_plan, dry_run=False)
     assert reverted.status is Status.OK, reverted.message()
     assert reverted.diff.count("-limit_req") == 3  # zone, limit_req, limit_req_status
+    assert reverted.diff.count("-limit_conn") == 3  # zone, limit_conn, limit_conn_status
     assert nginx.gateway.http_include.read_text() == ""
     assert nginx.gateway.location_include.read_text() == ""
     after, _ = burst(nginx.port)
@@ -223,7 +230,7 @@ def test_burst_param_admits_that_many_more(nginx: RunningNginx) -> None:
     actuator = NginxRateLimiter(nginx.gateway)
     assert actuator.apply(actuator.plan(limit), dry_run=False).status is Status.OK
     counts, elapsed_s = burst(nginx.port)
-    print(f"burst=5: {dict(counts)} in {elapsed_s:.3f} s at {limit.rate_per_s} r/s")
+    print(f"burst=5: {dict(counts)} in {elapsed_s:.3f} s at {limit.rate}")
     assert_limited(counts, elapsed_s, limit)
     assert counts[200] >= 1 + limit.burst  # the burst is served at once (nodelay)
 

@@ -63,6 +63,11 @@ def test_render_lifted_is_comments_only() -> None:
         {"rate_per_s": 0},
         {"rate_per_s": True},
         {"rate_per_s": 2.5},
+        {"rate_per_s": None},
+        {"rate_per_min": 60},
+        {"rate_per_s": None, "rate_per_min": 0},
+        {"connections": 0},
+        {"connections": 1.5},
         {"burst": -1},
         {"zone": "a;b"},
         {"zone": ""},
@@ -85,11 +90,46 @@ def test_zone_name_keeps_only_zone_characters() -> None:
     assert len(zone_name("n" * 63, "w" * 63)) == 64
 
 
-def test_rate_limit_from_step_reuses_the_planned_rate() -> None:
+def test_rate_limit_from_step_reuses_the_planned_aggregate_budget() -> None:
     step = rate_step()
     limit = rate_limit_from_step(step, burst=3)
-    assert step.params["limit_rps"] == "2"  # floor(5.0 ok/s x 2 serving / 4 seen)
-    assert limit == RateLimit(zone="detector_ml_llm", rate_per_s=2, burst=3)
+    assert step.params["aggregate_budget_rps"] == "2.5"  # 5.0 ok/s x 2 serving / 4 seen
+    assert step.params["aggregate_connections"] == "256"  # 2 serving x max_num_seqs 128
+    assert limit == RateLimit(
+        zone="detector_ml_llm", rate_per_min=150, burst=3, connections=256
+    )  # one constant key: every client shares the budget
+    assert limit.key == "global" and limit.requests_per_s == 2.5
+
+
+def test_rate_limit_from_a_step_planned_before_the_aggregate_params() -> None:
+    params = {"namespace": "ml", "ingress": "llm", "limit_rps": "2", "limit_connections": "26"}
+    limit = rate_limit_from_step(replace(rate_step(), params=params))
+    assert limit == RateLimit(zone="detector_ml_llm", rate_per_s=2, connections=26)
+
+
+def test_rate_limit_from_a_lifted_step_relaxes_the_aggregate_by_the_same_factor() -> None:
+    step = rate_step()
+    lifted = {**step.params, "limit_rps": "4", "limit_connections": str(256 * 2)}
+    assert step.params["per_client_rps"] == "2"  # unknown clients: as if one sent it all
+    limit = rate_limit_from_step(replace(step, params=lifted))
+    assert (limit.requests_per_s, limit.connections) == (5.0, 512)  # x2, like limit_rps
+    assert limit.rate == "5r/s"  # 300 r/m: whole requests per second
+
+
+def test_render_rate_per_minute_and_connections() -> None:
+    limit = RateLimit("z", rate_per_min=48, connections=13)
+    assert render_http(limit).endswith(
+        "limit_req_zone global zone=z:10m rate=48r/m;\nlimit_conn_zone global zone=z_conn:10m;\n"
+    )
+    assert render_location(limit).endswith(
+        "limit_req zone=z nodelay;\nlimit_req_status 429;\n"
+        "limit_conn z_conn 13;\nlimit_conn_status 429;\n"
+    )
+    assert (
+        limit.describe()
+        == "limit_req 48 r/min burst 0 limit_conn 13 key global zone=z (10m) -> 429"
+    )
+    assert limit.requests_per_s == 0.8
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detector.correlate.windows import RateWindow
+from detector.correlate.windows import SLOTS_PER_WINDOW, ClientWindow, RateWindow
 from detector.errors import ParseError
 from detector.events import detect
 from detector.events.model import LogLine, Signal, SignalKind, SourcePos, slot_init
@@ -148,6 +148,56 @@ def test_rate_window_exceeds_is_both_threshold_tests(
     for t, status in sorted(responses):
         lb.add(t, status)
     assert lb.exceeds(rate, ratio) == (lb.error_rate_per_s >= rate and lb.error_ratio >= ratio)
+
+
+_SLOT_EDGES = st.tuples(st.integers(0, 80), st.sampled_from([-1, 0, 1])).map(
+    lambda edge: (
+        math.nextafter(edge[0] * (10.0 / SLOTS_PER_WINDOW), edge[1] * math.inf)
+        if edge[1]
+        else edge[0] * (10.0 / SLOTS_PER_WINDOW)
+    )
+)  # times on and next to the slot edges of a 10 s window (slots of 1.666... s)
+
+
+@given(
+    st.sampled_from([30.0, 10.0]),
+    st.lists(
+        st.tuples(
+            st.floats(0, 120) | _SLOT_EDGES,
+            st.sampled_from(["a", "b", "c", "d", None]),
+            st.integers(1, 3),
+        ),
+        max_size=60,
+    ),
+)
+def test_client_window_current_slot_path_is_the_plain_count(
+    width_s: float, records: list[tuple[float, str | None, int]]
+) -> None:
+    """The newest-slot fast path and the late-record walk count what a plain scan counts."""
+    window = ClientWindow(width_s)
+    slot_s = width_s / SLOTS_PER_WINDOW
+    kept: list[tuple[int, str | None, int]] = []
+    newest = None
+    for t, client, count in records:  # arrival order, late records included
+        window.add(t, client, "proxy", count)
+        index = int(t // slot_s)
+        newest = index if newest is None else max(newest, index)
+        if index > newest - SLOTS_PER_WINDOW:  # older than the window when it came: dropped
+            kept.append((index, client, count))
+    if newest is None:
+        return
+    now = max(t for t, _, _ in records)
+    last = int(now // slot_s)
+    per_client: dict[str, int] = {}
+    for index, client, count in kept:
+        if last - SLOTS_PER_WINDOW < index <= last and client is not None:
+            per_client[client] = per_client.get(client, 0) + count
+    stats = window.stats(now)
+    assert (stats.clients, stats.max_requests, stats.requests) == (
+        len(per_client),
+        max(per_client.values(), default=0),
+        sum(per_client.values()),
+    )
 
 
 def test_blank_lines_are_ascii_whitespace_only(tmp_path: Path) -> None:

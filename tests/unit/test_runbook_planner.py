@@ -430,3 +430,181 @@ def test_planned_steps_carry_policy_expiry_and_lift(runbook: Runbook) -> None:
     restart = steps["stagger_restarts"].params
     assert (restart["max_unavailable"], restart["max_restarting"]) == ("1", "1")
     assert "Ready" in restart["traffic"]
+
+
+# The 429 step's sizing: an aggregate budget, per-client limits and what they bound ----------
+
+CONTROLLER = "ingress-nginx-controller-5c8d-abcde"
+
+
+def client_lines(
+    clients: int, per_client: int, *, controllers: tuple[str, ...] = (CONTROLLER,)
+) -> list[Signal]:
+    """``per_client`` ok lines from each of ``clients`` addresses, evenly over the 60 s window."""
+    step = 60.0 / per_client
+    return [
+        sig(
+            K.LB_RESPONSE,
+            -30 + k * step + i * step / clients,
+            controllers[i % len(controllers)],
+            status=200,
+            upstream="ml-llm-80",
+            client=f"198.51.100.{i}",
+        )
+        for i in range(clients)
+        for k in range(per_client)
+    ]
+
+
+SIZING: list[tuple[str, tuple[Signal, ...], dict[str, Any], tuple[str, ...]]] = [
+    (
+        "many clients: the per-client floor lets through far more than the budget",
+        (VLLM_CONFIG, *OOMS, *client_lines(40, 30)),  # 40 x 0.5/s = 20 ok/s
+        {
+            "aggregate_budget_rps": 10.0,  # 20 x 2 serving / 4 seen
+            "aggregate_limit_rpm": 600,
+            "aggregate_connections": 26,  # 2 serving x 13
+            "rate_limit_rps": 1,  # max(floor 1, 10 / 40)
+            "limit_connections": 1,  # max(floor 1, 26 / 40)
+            "aggregate_bound_rps": 40,
+            "aggregate_bound_connections": 40,
+            "clients_seen": 40,
+            "client_max_rate_per_s": 0.5,
+            "gateway_replicas_seen": 1,
+        },
+        (
+            "40 clients seen in 60 s (the busiest sent 30 = 0.5/s), 1 controller replica(s) seen",
+            "at most 40 clients x 1 r/s = 40/s against a budget of 10/s",
+            "40 clients x 1 = 40 connections against 26: over the budget",
+            "no client seen sent more than 0.5/s, so limit-rps sheds none of the load seen",
+            "a full bound needs an aggregate limiter",
+        ),
+    ),
+    (
+        "one client: the per-client limit is the aggregate one",
+        (VLLM_CONFIG, *OOMS, *client_lines(1, 300)),  # 5 ok/s from one address
+        {
+            "aggregate_budget_rps": 2.5,
+            "aggregate_limit_rpm": 150,
+            "rate_limit_rps": 2,
+            "limit_connections": 26,
+            "aggregate_bound_rps": 2,
+            "aggregate_bound_connections": 26,
+            "clients_seen": 1,
+        },
+        (
+            "at most 1 client x 2 r/s = 2/s against a budget of 2.5/s",
+            "within the budget for the clients seen",
+            "clients over 2 r/s (the busiest sent 5/s) are cut to it",
+        ),
+    ),
+    (
+        "unknown clients: sized as one, and said so",
+        (VLLM_CONFIG, *OOMS, *TRAFFIC),
+        {
+            "aggregate_budget_rps": 2.5,
+            "rate_limit_rps": 2,
+            "limit_connections": 26,
+            "aggregate_bound_rps": 2,
+            "clients_seen": None,
+            "client_max_rate_per_s": None,
+            "gateway_replicas_seen": 0,
+        },
+        (
+            "the access lines name no client address (sized as if one client sent it all), "
+            "controller replicas not seen (taken as 1)",
+            "within the budget only if one client sends it all; a full bound needs",
+        ),
+    ),
+    (
+        "two controller replicas: each counts a client alone",
+        (VLLM_CONFIG, *OOMS, *client_lines(4, 15, controllers=(CONTROLLER, CONTROLLER + "2"))),
+        {"aggregate_budget_rps": 0.5, "rate_limit_rps": 1, "aggregate_bound_rps": 8},
+        ("at most 4 clients x 2 controller replicas x 1 r/s = 8/s against a budget of 0.5/s",),
+    ),
+    (
+        "no load-balancer lines: the budget is unknown",
+        (VLLM_CONFIG, *OOMS),
+        {"aggregate_budget_rps": None, "aggregate_limit_rpm": 60, "rate_limit_rps": 1},
+        ("request budget unknown", "check the gateway's request rate before approving"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("signals", "variables", "phrases"), [c[1:] for c in SIZING], ids=[c[0] for c in SIZING]
+)
+def test_rate_limit_sizing(
+    runbook: Runbook,
+    signals: tuple[Signal, ...],
+    variables: dict[str, Any],
+    phrases: tuple[str, ...],
+) -> None:
+    ctx = incident(*signals)
+    built = build_variables(ctx, floors=runbook.floors())
+    for key, value in variables.items():
+        assert built[key] == value, key
+    step = next(p for p in plan(runbook, ctx) if p.action is Action.ENABLE_RATE_LIMIT)
+    for phrase in phrases:
+        assert phrase in step.basis, phrase
+    assert step.basis.startswith("aggregate budget (the healthy capacity left)")
+    params = step.params
+    assert params["aggregate_limit_rpm"] == str(built["aggregate_limit_rpm"])
+    assert params["limit_rps"] == params["per_client_rps"] == str(built["rate_limit_rps"])
+    assert params["aggregate_bound_rps"] == str(built["aggregate_bound_rps"])
+    budget = built["aggregate_budget_rps"]
+    assert params["aggregate_budget_rps"] == (str(budget) if budget is not None else "unknown")
+
+
+def test_the_per_client_figure_is_never_the_containment_figure(runbook: Runbook) -> None:
+    step = next(
+        p
+        for p in plan(runbook, incident(VLLM_CONFIG, *OOMS, *client_lines(40, 30)))
+        if p.action is Action.ENABLE_RATE_LIMIT
+    )
+    p = step.params
+    assert p["aggregate_budget_rps"] == "10.0" and p["aggregate_limit_rpm"] == "600"
+    assert p["limit_rps"] == "1" and p["aggregate_bound_rps"] == "40"
+    assert "an aggregate limiter enforces it: 600/min = 10/s and 26 connections" in step.basis
+    assert p["annotations"] == (
+        '{"nginx.ingress.kubernetes.io/limit-connections": "1", '
+        '"nginx.ingress.kubernetes.io/limit-rps": "1"}'
+    )
+
+
+def test_a_window_summary_carries_the_client_distribution() -> None:
+    summary = sig(
+        K.LB_RESPONSE,
+        20,
+        status=503,
+        baseline_ok_rate_per_s=8.0,
+        error_rate_per_s=4.0,
+        throttled_rate_per_s=0.0,
+        clients=120,
+        client_max_requests=9,
+        clients_span_s=27.5,
+        proxies=3,
+        clients_capped=False,
+    )
+    traffic = traffic_before((summary,), T0 + 30, 60.0)
+    assert (traffic.clients, traffic.client_max_requests, traffic.proxies) == (120, 9, 3)
+    assert traffic.client_max_rate_per_s == round(9 / 27.5, 3)
+    built = build_variables(incident(*OOMS, summary))
+    assert built["aggregate_budget_rps"] == 4.0  # 8 ok/s x 2 / 4
+    assert (built["rate_limit_rps"], built["aggregate_bound_rps"]) == (1, 360)  # 120 x 3
+
+
+def test_capped_clients_are_a_lower_bound() -> None:
+    summary = sig(
+        K.LB_RESPONSE,
+        20,
+        status=200,
+        baseline_ok_rate_per_s=100.0,
+        clients=60_000,
+        client_max_requests=2,
+        clients_span_s=30.0,
+        clients_capped=True,
+    )
+    built = build_variables(incident(*OOMS, summary))
+    assert "at least 60000 clients seen" in built["rate_limit_basis"]
+    assert "let through at least 60000 clients x 1 r/s" in built["rate_limit_basis"]

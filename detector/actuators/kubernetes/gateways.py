@@ -3,10 +3,12 @@
 ``IngressNginxRateLimit`` (runbook action ``enable_rate_limit``) patches the rate-limit
 annotations of one or more Ingresses served by ingress-nginx: ``limit-rps`` (requests per
 second), ``limit-connections`` (concurrent connections) and ``limit-burst-multiplier`` (burst =
-rps x multiplier, default 5). Both limits count per client IP, in each controller replica.
-Requests over them get ``limit-req-status-code`` / ``limit-conn-status-code`` from the
-controller ConfigMap, 503 unless set to ``"429"``: the plan reads that ConfigMap and says so in
-its summary (the result's note), since a 503 looks like the cascade to clients and retries.
+rps x multiplier, default 5). Both limits count per client IP, in each controller replica,
+so N clients get N x limit-rps in all (the binding adds what the step says they bound to the
+summary). Requests over them get ``limit-req-status-code`` / ``limit-conn-status-code`` from
+the controller ConfigMap, 503 unless set to ``"429"``: the plan reads that ConfigMap and says
+so in its summary (the result's note), since a 503 looks like the cascade to clients and
+retries.
 Source: https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/annotations/#rate-limiting
 , https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/configmap/ .
 
@@ -14,7 +16,8 @@ Source: https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuratio
 route through an Envoy Gateway ``BackendTrafficPolicy`` (gateway.envoyproxy.io/v1alpha1): it
 creates the policy, or changes ``spec.rateLimit`` of an existing one of that name; revert
 deletes a policy it created, or restores the old ``spec.rateLimit``. A local limit counts in
-each Envoy replica and for each route. Source:
+each Envoy replica and for each route: the aggregate a route gets is the limit x the replicas
+(a global limit, through a rate limit service, is one count for all). Source:
 https://gateway.envoyproxy.io/docs/tasks/traffic/local-rate-limit/ ,
 https://gateway.envoyproxy.io/docs/api/extension_types/#backendtrafficpolicy .
 """
@@ -244,10 +247,11 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
         """Return ``kubernetes:backendtrafficpolicies.gateway.envoyproxy.io/NAMESPACE/NAME``."""
         return f"kubernetes:{self._target}"
 
-    def plan(self, requests: int, unit: str = "Second") -> Plan:
+    def plan(self, requests: int, unit: str = "Second", *, replicas: int = 1) -> Plan:
         """Return the plan that limits the route to ``requests`` per ``unit`` (429 beyond).
 
-        Raises ActuatorError (``invalid_request``; the API's errors).
+        The limit counts in each Envoy replica: the summary says what ``replicas`` of them let
+        through in all. Raises ActuatorError (``invalid_request``; the API's errors).
         """
         rate_limit = local_rate_limit(requests, unit)
         with self._mutex:
@@ -263,9 +267,14 @@ class EnvoyGatewayRateLimit(KubernetesActuator):
                 desired["spec.targetRefs"] = [ref]
             desired["spec.rateLimit"] = rate_limit
             how = "new policy" if obj is None else "existing policy"
+            total = (
+                f"; x {replicas} Envoy replicas = {requests * replicas} per {unit} in all"
+                if replicas > 1
+                else ""
+            )
             summary = (
                 f"local rate limit {requests} per {unit} on {self.route_kind} {self.route} "
-                f"({how} {self.policy.name}; per Envoy replica and route; 429 beyond)"
+                f"({how} {self.policy.name}; per Envoy replica and route{total}; 429 beyond)"
             )
             return self._plan(self._target, desired, summary)
 

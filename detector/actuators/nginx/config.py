@@ -13,15 +13,24 @@ Two include files, each written whole by the detector, wired once by the operato
     }
 
 Both files must exist before nginx starts (create them empty); with no limit in force they
-hold comments only. ``limit_req_zone`` is valid only in ``http``; ``limit_req`` and
-``limit_req_status`` in ``http``, ``server`` and ``location``.
-Source: https://nginx.org/en/docs/http/ngx_http_limit_req_module.html
+hold comments only. ``limit_req_zone`` / ``limit_conn_zone`` are valid only in ``http``;
+``limit_req``, ``limit_req_status``, ``limit_conn`` and ``limit_conn_status`` in ``http``,
+``server`` and ``location``.
+Sources: https://nginx.org/en/docs/http/ngx_http_limit_req_module.html ,
+https://nginx.org/en/docs/http/ngx_http_limit_conn_module.html
+
+The key decides what a limit bounds: the constant ``GLOBAL_KEY`` (the default) keeps one bucket
+for every client, so the limit is the workload's total (aggregate) rate and concurrency, which is
+what the runbook computes; ``$binary_remote_addr`` would give each client IP its own bucket, and
+N clients N times the rate.
 
 Semantics (same page, and https://blog.nginx.org/blog/rate-limiting-nginx): one leaky bucket
-per key value, drained at ``rate``; with ``nodelay``, up to ``burst`` requests above the rate
-are served at once and any beyond are answered ``limit_req_status`` (429 here) immediately. The
-first request of a key is free, so a tight burst of N requests over D seconds gets at most
-1 + burst + floor(rate x D) answers that are not 429.
+per key value, drained at ``rate`` (``r/s`` or ``r/m``: a rate under one per second is kept as
+requests per minute); with ``nodelay``, up to ``burst`` requests above the rate are served at
+once and any beyond are answered ``limit_req_status`` (429 here) immediately. The first request
+of a key is free, so a tight burst of N requests over D seconds gets at most
+1 + burst + floor(rate x D) answers that are not 429. ``limit_conn`` counts the requests in
+progress per key value and answers ``limit_conn_status`` beyond it.
 """
 
 from __future__ import annotations
@@ -54,31 +63,44 @@ def _invalid(detail: str) -> ActuatorError:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """One nginx ``limit_req`` rate limit.
+    """One nginx ``limit_req`` rate limit, with an optional ``limit_conn`` on the same key.
 
-    ``rate_per_s``: requests per second (>= 1, nginx ``rate=Nr/s``); ``burst``: requests above
-    the rate served at once (>= 0; 0 leaves ``burst`` out, nginx's default); ``zone``: the
-    shared memory zone name (letters, digits, ``_``); ``zone_size``: its size (``10m``,
-    ``512k``); ``key``: a constant or nginx variables (``$binary_remote_addr``); ``status``:
-    the rejection status, 400-599. Values are checked so nothing but these tokens reaches the
-    config. Raises ActuatorError(``invalid_request``) on a bad value.
+    The rate is ``rate_per_s`` (nginx ``rate=Nr/s``) or ``rate_per_min`` (``rate=Nr/m``):
+    exactly one, >= 1. ``burst``: requests above the rate served at once (>= 0; 0 leaves
+    ``burst`` out, nginx's default); ``connections``: requests in progress at once (>= 1;
+    None: no ``limit_conn``); ``zone``: the shared memory zone name (letters, digits, ``_``;
+    the connection zone is ``<zone>_conn``); ``zone_size``: the size of each zone (``10m``,
+    ``512k``); ``key``: a constant (one bucket for all clients) or nginx variables
+    (``$binary_remote_addr``: one per client IP); ``status``: the rejection status, 400-599.
+    Values are checked so nothing but these tokens reaches the config. Raises
+    ActuatorError(``invalid_request``) on a bad value.
     """
 
     zone: str
-    rate_per_s: int
+    rate_per_s: int | None = None
     burst: int = 0
     zone_size: str = DEFAULT_ZONE_SIZE
     key: str = GLOBAL_KEY
     status: int = 429
+    rate_per_min: int | None = None
+    connections: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("rate_per_s", self.rate_per_s), ("burst", self.burst)):
+        numbers = (
+            ("rate_per_s", self.rate_per_s, 1),
+            ("rate_per_min", self.rate_per_min, 1),
+            ("connections", self.connections, 1),
+            ("burst", self.burst, 0),
+        )
+        for name, value, least in numbers:
+            if value is None and name != "burst":
+                continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise _invalid(f"{name} must be an int, got {value!r}")
-        if self.rate_per_s < 1:
-            raise _invalid(f"rate_per_s must be at least 1, got {self.rate_per_s}")
-        if self.burst < 0:
-            raise _invalid(f"burst must not be negative, got {self.burst}")
+            if value < least:
+                raise _invalid(f"{name} must be at least {least}, got {value}")
+        if (self.rate_per_s is None) == (self.rate_per_min is None):
+            raise _invalid("set one of rate_per_s and rate_per_min")
         for name, text, pattern in (
             ("zone", self.zone, _ZONE),
             ("zone_size", self.zone_size, _ZONE_SIZE),
@@ -89,10 +111,33 @@ class RateLimit:
         if not 400 <= self.status <= 599:
             raise _invalid(f"status must be in 400-599 (limit_req_status), got {self.status}")
 
+    @property
+    def rate(self) -> str:
+        """Return the nginx rate, ``2r/s`` or ``48r/m``."""
+        return f"{self.rate_per_s}r/s" if self.rate_per_s is not None else f"{self.rate_per_min}r/m"
+
+    @property
+    def requests_per_s(self) -> float:
+        """Return the rate in requests per second (``48r/m``: 0.8)."""
+        return (
+            float(self.rate_per_s) if self.rate_per_s is not None else (self.rate_per_min or 0) / 60
+        )
+
+    @property
+    def conn_zone(self) -> str:
+        """Return the ``limit_conn_zone`` name: ``<zone>_conn``."""
+        return f"{self.zone}_conn"
+
     def describe(self) -> str:
         """Return a one-line summary, e.g. ``limit_req 2 r/s burst 0 zone=z (10m) -> 429``."""
+        rate = (
+            f"{self.rate_per_s} r/s"
+            if self.rate_per_s is not None
+            else f"{self.rate_per_min} r/min"
+        )
+        conns = f" limit_conn {self.connections}" if self.connections is not None else ""
         return (
-            f"limit_req {self.rate_per_s} r/s burst {self.burst} key {self.key} "
+            f"limit_req {rate} burst {self.burst}{conns} key {self.key} "
             f"zone={self.zone} ({self.zone_size}) -> {self.status}"
         )
 
@@ -108,14 +153,15 @@ def render_http(limit: RateLimit | None) -> str:
     text = HEADER + "# Include once inside http {}.\n"
     if limit is None:
         return text + "# No rate limit in force.\n"
-    return (
-        text + f"limit_req_zone {limit.key} zone={limit.zone}:{limit.zone_size} "
-        f"rate={limit.rate_per_s}r/s;\n"
-    )
+    text += f"limit_req_zone {limit.key} zone={limit.zone}:{limit.zone_size} rate={limit.rate};\n"
+    if limit.connections is not None:
+        text += f"limit_conn_zone {limit.key} zone={limit.conn_zone}:{limit.zone_size};\n"
+    return text
 
 
 def render_location(limit: RateLimit | None) -> str:
-    """Return the server/location include: ``limit_req`` and ``limit_req_status``, or comments.
+    """Return the server/location include: ``limit_req`` and ``limit_req_status`` (and
+    ``limit_conn`` / ``limit_conn_status`` with ``connections``), or comments.
 
     ``burst=0`` is left out: nginx rejects it as invalid, and 0 is its default.
     """
@@ -123,4 +169,8 @@ def render_location(limit: RateLimit | None) -> str:
     if limit is None:
         return text + "# No rate limit in force.\n"
     burst = f" burst={limit.burst}" if limit.burst else ""
-    return text + f"limit_req zone={limit.zone}{burst} nodelay;\nlimit_req_status {limit.status};\n"
+    text += f"limit_req zone={limit.zone}{burst} nodelay;\nlimit_req_status {limit.status};\n"
+    if limit.connections is not None:
+        text += f"limit_conn {limit.conn_zone} {limit.connections};\n"
+        text += f"limit_conn_status {limit.status};\n"
+    return text

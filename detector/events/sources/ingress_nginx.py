@@ -43,12 +43,13 @@ def access_line_attrs(text: str) -> tuple[dict[str, Any], str] | None:
 
     attrs: status (int), upstream_status (int | None, the last try), upstream
     (``$proxy_upstream_name`` | None), upstream_addr (the last try | None), count (1),
-    request_time_s (float | None), and upstream_addrs / upstream_statuses (tuples) after retries.
+    request_time_s (float | None), client (``$remote_addr``, the key of ingress-nginx's
+    per-client limits | None), and upstream_addrs / upstream_statuses (tuples) after retries.
     """
     head = _HEAD.match(text)
     if head is None:
         return None
-    _, time_local, status, tail = head.groups()
+    client, time_local, status, tail = head.groups()
     attrs: dict[str, Any] = {
         "status": int(status),
         "upstream_status": None,
@@ -56,6 +57,7 @@ def access_line_attrs(text: str) -> tuple[dict[str, Any], str] | None:
         "upstream_addr": None,
         "count": 1,
         "request_time_s": None,
+        "client": client if client != "-" else None,
     }
     if tail:
         _add_upstream_info(attrs, tail)

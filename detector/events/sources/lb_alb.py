@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import re
 
-from detector.events.sources.lb_common import LbParse, lb_attrs, number_or_none
+from detector.events.sources.lb_common import LbParse, client_host, lb_attrs, number_or_none
 from detector.events.sources.timeparse import parse_iso8601
 
 TYPES = ("http ", "https ", "h2 ", "grpcs ", "ws ", "wss ")
 
 _QUOTED = r'"[^"\\]*(?:\\.[^"\\]*)*"'
 _ENTRY = re.compile(
-    r"(?:https?|h2|grpcs|wss?) (\d{4}-\S+) \S+ \S+ (\S+) (-?[\d.]+) (-?[\d.]+) (-?[\d.]+) "
+    r"(?:https?|h2|grpcs|wss?) (\d{4}-\S+) \S+ (\S+) (\S+) (-?[\d.]+) (-?[\d.]+) (-?[\d.]+) "
     r"(\d{3}|-) (\d{3}|-)"
     r"(?: \S+ \S+ " + _QUOTED + " " + _QUOTED + r" \S+ \S+ (\S+)(?: (.*))?)?"
 )
@@ -39,26 +39,28 @@ def parse_entry(text: str) -> LbParse | None:
 
     attrs: status (elb_status_code), upstream_status (target_status_code | None), upstream (the
     target group name from ``targetgroup/<name>/<id>``), upstream_addr (target:port | None),
-    request_time_s (the three processing times summed; None when one is -1), error_reason.
+    request_time_s (the three processing times summed; None when one is -1), error_reason,
+    client (``client:port`` without the port).
     Format:
     https://docs.aws.amazon.com/elasticloadbalancing/latest/application/load-balancer-access-logs.html#access-log-entry-syntax
     """
     m = _ENTRY.match(text)
-    if m is None or m.group(6) == "-":
+    if m is None or m.group(7) == "-":
         return None
-    times = [number_or_none(m.group(i)) for i in (3, 4, 5)]
-    target_status = m.group(7)
-    arn = _TARGET_GROUP.match(m.group(8) or "")
+    times = [number_or_none(m.group(i)) for i in (4, 5, 6)]
+    target_status = m.group(8)
+    arn = _TARGET_GROUP.match(m.group(9) or "")
     attrs = lb_attrs(
-        int(m.group(6)),
+        int(m.group(7)),
         upstream=arn.group(1) if arn else None,
         upstream_status=int(target_status) if target_status != "-" else None,
-        upstream_addr=m.group(2) if m.group(2) != "-" else None,
+        upstream_addr=m.group(3) if m.group(3) != "-" else None,
         request_time_s=round(sum(t for t in times if t is not None), 6)
         if None not in times
         else None,
+        client=client_host(m.group(2)),
     )
-    reason = _error_reason(m.group(9)) if attrs["status"] >= 400 else None  # set on errors
+    reason = _error_reason(m.group(10)) if attrs["status"] >= 400 else None  # set on errors
     if reason:
         attrs["error_reason"] = reason
     return LbParse(attrs, m.group(1), parse_iso8601)

@@ -52,8 +52,13 @@ def lb_attrs(
     upstream_status: int | None = None,
     upstream_addr: str | None = None,
     request_time_s: float | None = None,
+    client: str | None = None,
 ) -> dict[str, Any]:
-    """Return the LB_RESPONSE attrs every access line carries (``count`` is 1)."""
+    """Return the LB_RESPONSE attrs every access line carries (``count`` is 1).
+
+    ``client`` is the address the request came from, without its port (None: not logged);
+    the correlator counts distinct clients per window (a per-client limit's reach).
+    """
     return {
         "status": status,
         "upstream_status": upstream_status,
@@ -61,7 +66,34 @@ def lb_attrs(
         "upstream_addr": upstream_addr,
         "count": 1,
         "request_time_s": request_time_s,
+        "client": client,
     }
+
+
+def client_host(address: str | None) -> str | None:
+    """Return the host of a client address logged with its port; None for ``-`` or nothing.
+
+    ``203.0.113.9:51234`` -> ``203.0.113.9``; ``[2001:db8::1]:443`` -> ``2001:db8::1``;
+    HAProxy's ``2001:db8::1:51234`` (no brackets: the port is the last field) ->
+    ``2001:db8::1``. Only for formats that always log the port (HAProxy ``%ci:%cp``, ALB
+    ``client:port``, Envoy ``%DOWNSTREAM_REMOTE_ADDRESS%``): a bare IPv6 address would lose
+    its last group.
+    """
+    if not address or address == "-":
+        return None
+    if address[0] == "[":
+        end = address.find("]")
+        return address[1:end] if end > 1 else None
+    host, colon, port = address.rpartition(":")
+    return host if colon and host and port.isdigit() else address
+
+
+def first_forwarded(header: str | None) -> str | None:
+    """Return the first (client) address of an X-Forwarded-For value; None for ``-``/empty."""
+    if not header or header == "-":
+        return None
+    first = header.split(",", 1)[0].strip()
+    return first or None
 
 
 def raw_signal(

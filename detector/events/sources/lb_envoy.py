@@ -27,7 +27,13 @@ import re
 from typing import Any
 
 from detector.errors import ParseError
-from detector.events.sources.lb_common import LbParse, lb_attrs, upstream_of_cluster
+from detector.events.sources.lb_common import (
+    LbParse,
+    client_host,
+    first_forwarded,
+    lb_attrs,
+    upstream_of_cluster,
+)
 from detector.events.sources.timeparse import parse_iso8601, parse_time
 
 _FLAGS = r"(?:[A-Z][A-Za-z]{1,40}(?:,[A-Z][A-Za-z]{1,40})*|-)"
@@ -47,6 +53,8 @@ _CLUSTER_KEYS = ("upstream_cluster", "upstreamCluster")
 _HOST_KEYS = ("upstream_host", "upstreamHost")
 _DETAILS_KEYS = ("response_code_details", "responseCodeDetails")
 _DURATION_KEYS = ("duration",)
+_FORWARDED_KEYS = ("x_forwarded_for", "x-forwarded-for", "xForwardedFor")
+_REMOTE_KEYS = ("downstream_remote_address", "downstreamRemoteAddress")
 TIME_KEYS = ("start_time", "startTime", "timestamp", "@timestamp")
 
 
@@ -57,14 +65,16 @@ def parse_text(text: str) -> LbParse | None:
     ``lb_common.upstream_of_cluster``), upstream_status (the status when the details say
     ``via_upstream``), upstream_addr (``%UPSTREAM_HOST%``), request_time_s (``%DURATION%``),
     sidecar (an inbound cluster: the serving pod's own proxy), rate_limited (flag ``RL`` or
-    ``*rate_limited`` details). Format:
+    ``*rate_limited`` details), client (the first ``X-Forwarded-For`` address, else the host of
+    Istio's ``%DOWNSTREAM_REMOTE_ADDRESS%``; None on a sidecar's line, whose peer is a proxy).
+    Format:
     https://www.envoyproxy.io/docs/envoy/latest/configuration/observability/access_log/usage
     """
     m = _HEAD.match(text)
     if m is None:
         return None
-    details, host, duration_s, cluster = _tail_fields(m.group(4) or "")
-    attrs = _attrs(int(m.group(2)), m.group(3), details, cluster, host, duration_s)
+    details, host, duration_s, cluster, client = _tail_fields(m.group(4) or "")
+    attrs = _attrs(int(m.group(2)), m.group(3), details, cluster, host, duration_s, client)
     return LbParse(attrs, m.group(1), parse_iso8601)
 
 
@@ -102,6 +112,7 @@ def parse_json(obj: dict[str, Any]) -> LbParse | None:
         return None
     status = _int_field(code, "response_code")
     duration = _number(_first(obj, _DURATION_KEYS))
+    client = first_forwarded(_str(_first(obj, _FORWARDED_KEYS)))
     attrs = _attrs(
         status,
         _str(flags) or "-",
@@ -109,6 +120,7 @@ def parse_json(obj: dict[str, Any]) -> LbParse | None:
         _str(cluster),
         _str(_first(obj, _HOST_KEYS)),
         duration / 1000 if duration is not None else None,
+        client or client_host(_str(_first(obj, _REMOTE_KEYS))),
     )
     stamp = _first(obj, TIME_KEYS)
     return LbParse(attrs, str(stamp) if stamp is not None else None, parse_time)
@@ -121,6 +133,7 @@ def _attrs(
     cluster: str | None,
     host: str | None,
     duration_s: float | None,
+    client: str | None = None,
 ) -> dict[str, Any]:
     upstream, sidecar = upstream_of_cluster(cluster)
     attrs = lb_attrs(
@@ -129,6 +142,7 @@ def _attrs(
         upstream_status=status if details == "via_upstream" else None,
         upstream_addr=host if host and host != "-" else None,
         request_time_s=duration_s,
+        client=None if sidecar else client,
     )
     attrs["response_flags"] = None if flags == "-" else flags
     if details and details != "-":
@@ -140,8 +154,11 @@ def _attrs(
     return attrs
 
 
-def _tail_fields(rest: str) -> tuple[str | None, str | None, float | None, str | None]:
-    """Return (details, upstream host, duration in s, cluster) from the text after the flags."""
+def _tail_fields(
+    rest: str,
+) -> tuple[str | None, str | None, float | None, str | None, str | None]:
+    """Return (details, upstream host, duration in s, cluster, client) from the text after the
+    flags; the client is the first X-Forwarded-For address, else the downstream remote host."""
     tokens = _TOKEN.findall(rest)
     at = _byte_counts_at(tokens)
     details = _details(tokens[:at]) if at > 0 else None
@@ -149,9 +166,12 @@ def _tail_fields(rest: str) -> tuple[str | None, str | None, float | None, str |
     quoted = tokens[at + 4 : at + 9] if at >= 0 else []
     if len(quoted) == 5 and all(t[:1] == '"' for t in quoted):
         cluster = tokens[at + 9] if len(tokens) > at + 9 else None
-        return details, quoted[4].strip('"'), duration_s, cluster
+        client = first_forwarded(quoted[0].strip('"'))
+        if client is None and len(tokens) > at + 12:  # Istio: %DOWNSTREAM_REMOTE_ADDRESS%
+            client = client_host(tokens[at + 12])
+        return details, quoted[4].strip('"'), duration_s, cluster, client
     cluster = next((t for t in tokens if _CLUSTER_TOKEN.fullmatch(t)), None)
-    return details, None, duration_s, cluster
+    return details, None, duration_s, cluster, None
 
 
 def _byte_counts_at(tokens: list[str]) -> int:

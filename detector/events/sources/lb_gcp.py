@@ -35,7 +35,8 @@ def parse_entry(obj: dict[str, Any]) -> LbParse | None:
     attrs: status (``httpRequest.status``; 0 when the LB sent no response), status_details
     (``jsonPayload.statusDetails``), upstream (``resource.labels.backend_service_name``, GKE NEG
     names mapped to ``<namespace>-<service>-<port>``), upstream_addr (``serverIp``),
-    upstream_status (the status when ``response_sent_by_backend``), request_time_s (latency).
+    upstream_status (the status when ``response_sent_by_backend``), request_time_s (latency),
+    client (``remoteIp``).
     Raises ``ParseError("missing_timestamp")`` without a time, ``"bad_value"`` for a status that
     is not a number. Format: https://cloud.google.com/load-balancing/docs/https/https-logging-monitoring
     """
@@ -49,12 +50,14 @@ def parse_entry(obj: dict[str, Any]) -> LbParse | None:
     labels = _dict(resource, "labels") if resource is not None else None
     backend = labels.get("backend_service_name") if labels is not None else None
     server_ip = http.get("serverIp") or http.get("server_ip")
+    remote_ip = http.get("remoteIp") or http.get("remote_ip")
     attrs = lb_attrs(
         status,
         upstream=upstream_of_gcp_backend(backend if isinstance(backend, str) else None),
         upstream_status=status if details == _FROM_BACKEND else None,
         upstream_addr=server_ip if isinstance(server_ip, str) and server_ip else None,
         request_time_s=_latency_s(http.get("latency")),
+        client=remote_ip if isinstance(remote_ip, str) and remote_ip else None,
     )
     if isinstance(details, str) and details:
         attrs["status_details"] = details

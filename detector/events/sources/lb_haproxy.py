@@ -21,6 +21,7 @@ import re
 
 from detector.events.sources.lb_common import (
     LbParse,
+    client_host,
     lb_attrs,
     number_or_none,
     upstream_of_haproxy_backend,
@@ -30,7 +31,7 @@ from detector.events.sources.timeparse import parse_nginx_time
 _TIMER = r"[-+]?\d+"
 # [client ][accept_date] <frontend backend/server, or a custom run of names> timers status ...
 _HTTP = re.compile(
-    r"(?:(?:\S+ )?\[(\d\d/[A-Z][a-z]{2}/\d{4}:\d\d:\d\d:\d\d(?:\.\d+)?)\] (\S.{0,300}?) +)?"
+    r"(?:(?:(\S+) )?\[(\d\d/[A-Z][a-z]{2}/\d{4}:\d\d:\d\d:\d\d(?:\.\d+)?)\] (\S.{0,300}?) +)?"
     r"(" + _TIMER + r"/ *" + _TIMER + r"/ *" + _TIMER + r"/ *" + _TIMER + r"/ *(" + _TIMER + r"))"
     r" (\d{3}) \+?\d+ \S+ \S+ ([A-Za-z-]{2,4})(?: |$)"
 )
@@ -42,7 +43,8 @@ def parse_line(text: str) -> LbParse | None:
 
     attrs: status, upstream (the backend; ``ns_svc_port`` ingress backends mapped to
     ``<namespace>-<service>-<port>``), server (None for ``<NOSRV>``), termination_state,
-    request_time_s (the total time ``Ta``/``Tt``). Format:
+    request_time_s (the total time ``Ta``/``Tt``), client (``%ci`` without the port; None
+    when pasted from the timers on). Format:
     https://docs.haproxy.org/2.8/configuration.html#8.2.3
     """
     space = text.find(" ", 0, 64)
@@ -53,16 +55,17 @@ def parse_line(text: str) -> LbParse | None:
     m = _HTTP.match(text)
     if m is None:
         return None
-    backend, server = _backend_server(m.group(2))
-    total_ms = number_or_none(m.group(4).lstrip("+"))
+    backend, server = _backend_server(m.group(3))
+    total_ms = number_or_none(m.group(5).lstrip("+"))
     attrs = lb_attrs(
-        int(m.group(5)),
+        int(m.group(6)),
         upstream=upstream_of_haproxy_backend(backend) if backend else None,
         request_time_s=total_ms / 1000 if total_ms is not None else None,
+        client=client_host(m.group(1)),
     )
     attrs["server"] = server
-    attrs["termination_state"] = m.group(6)
-    return LbParse(attrs, m.group(1), _accept_time)
+    attrs["termination_state"] = m.group(7)
+    return LbParse(attrs, m.group(2), _accept_time)
 
 
 def _backend_server(names: str | None) -> tuple[str | None, str | None]:

@@ -54,6 +54,7 @@ _RATE_LIMITS = (
     ("limiting requests, excess:", "limit_req"),
     ("limiting connections by zone", "limit_conn"),
 )
+_CLIENT = re.compile(r", client: ([^,\s]+),")
 # Balancer placeholders that name no backend: ingress-nginx's Lua balancer.
 _NO_NAME_UPSTREAMS = frozenset({"upstream_balancer", ""})
 
@@ -63,7 +64,8 @@ def parse_line(text: str) -> LbParse | None:
 
     attrs: status (502/504; 429 for limit_req/limit_conn), error_log=True, error (a short
     code), upstream (an upstream group name when the line names one, else None), upstream_addr
-    (``ip:port`` of the peer tried), rate_limited and zone for rejections. Format:
+    (``ip:port`` of the peer tried), client (the ``client:`` field), rate_limited and zone for
+    rejections. Format:
     http://nginx.org/en/docs/ngx_core_module.html#error_log
     """
     if "upstream" not in text and "limiting " not in text:
@@ -77,7 +79,10 @@ def parse_line(text: str) -> LbParse | None:
         return None
     status, error = classified
     upstream, addr = _upstream_fields(message)
-    attrs = lb_attrs(status, upstream=upstream, upstream_addr=addr)
+    client = _CLIENT.search(message)
+    attrs = lb_attrs(
+        status, upstream=upstream, upstream_addr=addr, client=client.group(1) if client else None
+    )
     attrs["error_log"] = True
     attrs["error"] = error
     if status == 429:

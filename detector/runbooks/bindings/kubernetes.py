@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -74,6 +76,7 @@ from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.bindings.keyed import KeyedBinding, workload_of
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
+from detector.runbooks.rate_limits import aggregate_limit
 
 log = logging.getLogger(__name__)
 _CONTAINER_KEY = re.compile(
@@ -176,9 +179,12 @@ def _step_int(step: PlannedStep, name: str) -> int | None:
 def ingress_limit_from_step(step: PlannedStep) -> IngressRateLimit:
     """Return the ingress-nginx limits of a planned ``enable_rate_limit`` step.
 
-    ``limit_rps`` and ``limit_connections`` as the planner computed them (healthy capacity
-    left, floors applied); the Ingress is the step's ``namespace``/``ingress``. Raises
-    ActuatorError(``invalid_request``) for another action or a bad value.
+    ``limit_rps`` and ``limit_connections`` as the planner computed them: per client IP and
+    controller replica (ingress-nginx counts them so), sized from the clients seen so that
+    the aggregate stays within the healthy capacity left where it can, floors applied; the
+    step's ``aggregate_bound_rps`` says what they bound in all (``ingress_bound_note``). The
+    Ingress is the step's ``namespace``/``ingress``. Raises ActuatorError(``invalid_request``)
+    for another action or a bad value.
     """
     if step.action is not Action.ENABLE_RATE_LIMIT:
         raise ActuatorError(
@@ -189,15 +195,51 @@ def ingress_limit_from_step(step: PlannedStep) -> IngressRateLimit:
     return IngressRateLimit(rps=rps, connections=connections)
 
 
-def policy_requests_from_step(step: PlannedStep) -> int:
-    """Return the requests per second of an Envoy Gateway policy: the step's ``limit_rps``.
+def ingress_bound_note(step: PlannedStep) -> str:
+    """Return what a step's per-client ingress-nginx limits bound in aggregate ("" unknown).
 
-    Raises ActuatorError(``invalid_request``) for another action or a missing rate.
+    E.g. ``per client: at most 80/s against an aggregate budget of 0.8/s (80 clients seen)``,
+    from the step's ``aggregate_bound_rps``, ``aggregate_budget_rps`` and ``clients_seen``.
     """
-    rps = ingress_limit_from_step(step).rps
-    if rps is None:
-        raise ActuatorError(Reason.INVALID_REQUEST, f"step {step.step_id!r} has no limit_rps")
-    return rps
+    p = step.params
+    bound, budget = p.get("aggregate_bound_rps"), p.get("aggregate_budget_rps")
+    if not bound or not budget:
+        return ""
+    clients = p.get("clients_seen", "unknown")
+    return (
+        f"per client: at most {bound}/s against an aggregate budget of {budget}/s "
+        f"({clients} clients seen); only an aggregate limiter bounds the total"
+    )
+
+
+def policy_limit_from_step(step: PlannedStep, *, replicas: int = 1) -> tuple[int, str]:
+    """Return (requests, unit) of an Envoy Gateway local rate limit for a planned step.
+
+    A local limit counts in each Envoy replica, so each gets the step's aggregate limit
+    (``rate_limits.aggregate_limit``, requests per minute, relaxed by the lift) / ``replicas``:
+    whole requests per ``Second`` when that is at least 1/s (rounded down, never above the
+    budget), else per ``Minute`` (at least 1). Source:
+    https://gateway.envoyproxy.io/docs/tasks/traffic/local-rate-limit/ . Raises
+    ActuatorError(``invalid_request``) for another action or a step without a rate.
+    """
+    ingress_limit_from_step(step)  # the action and the per-client values are valid
+    limit = aggregate_limit(step.params)
+    if limit is None:
+        raise ActuatorError(Reason.INVALID_REQUEST, f"step {step.step_id!r} has no rate limit")
+    per_replica = limit.rpm / max(replicas, 1)
+    if per_replica >= 60:
+        return math.floor(per_replica / 60), "Second"
+    return max(1, math.floor(per_replica)), "Minute"
+
+
+def policy_requests_from_step(step: PlannedStep, *, replicas: int = 1) -> int:
+    """Return the whole requests per second of an Envoy Gateway policy for a planned step.
+
+    ``policy_limit_from_step`` in requests per second (at least 1). Raises
+    ActuatorError(``invalid_request``) for another action or a missing rate.
+    """
+    requests, unit = policy_limit_from_step(step, replicas=replicas)
+    return requests if unit == "Second" else max(1, requests // 60)
 
 
 def _target_parts(target: str, prefix: str) -> list[str]:
@@ -449,13 +491,18 @@ def ingress_limits(
         namespace, names = _target_parts(plan.target, "ingresses.networking.k8s.io")[:2]
         return namespace, tuple(names.split(","))
 
+    def plan_for(act: IngressNginxRateLimit, step: PlannedStep) -> Plan:
+        plan = act.plan(ingress_limit_from_step(step))
+        note = ingress_bound_note(step)
+        return replace(plan, summary=f"{plan.summary}; {note}") if note else plan
+
     return KeyedBinding(
         key_of_step=key_of_step,
         key_of_plan=key_of_plan,
         build=lambda key: IngressNginxRateLimit(
             api, key[0], list(key[1]), controller_configmap=configmap
         ),
-        plan_for=lambda act, step: act.plan(ingress_limit_from_step(step)),
+        plan_for=plan_for,
     )
 
 
@@ -465,7 +512,12 @@ POLICY_SUFFIX = "-detector-rate-limit"  # EnvoyGatewayRateLimit's default policy
 def gateway_policies(
     api: KubeApi, cfg: KubernetesSettings
 ) -> KeyedBinding[tuple[str, str], EnvoyGatewayRateLimit]:
-    """Return the ``enable_rate_limit`` binding through an Envoy Gateway policy per route."""
+    """Return the ``enable_rate_limit`` binding through an Envoy Gateway policy per route.
+
+    The policy's local limit is the step's aggregate limit divided by
+    ``cfg.envoy_gateway_replicas`` (each Envoy replica counts alone).
+    """
+    replicas = cfg.envoy_gateway_replicas
 
     def key_of_step(step: PlannedStep) -> tuple[str, str]:
         key = workload_of(step, "ingress")
@@ -480,5 +532,7 @@ def gateway_policies(
         key_of_step=key_of_step,
         key_of_plan=key_of_plan,
         build=lambda key: EnvoyGatewayRateLimit(api, key[0], key[1]),
-        plan_for=lambda act, step: act.plan(policy_requests_from_step(step)),
+        plan_for=lambda act, step: act.plan(
+            *policy_limit_from_step(step, replicas=replicas), replicas=replicas
+        ),
     )

@@ -1,15 +1,17 @@
 """The plain-nginx rate limit of a planned ``enable_rate_limit`` step.
 
-The actuator is ``detector.actuators.nginx.limiter.NginxRateLimiter``.
+The actuator is ``detector.actuators.nginx.limiter.NginxRateLimiter``. Plain nginx limits in
+aggregate: ``limit_req`` and ``limit_conn`` on one constant key per workload zone
+(``GLOBAL_KEY``), so the planned aggregate budget is the limit itself.
 """
 
 from __future__ import annotations
 
 from detector.actuators.base import ActuatorError, Reason
 from detector.actuators.nginx.config import DEFAULT_ZONE_SIZE, GLOBAL_KEY, RateLimit, zone_name
-from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
+from detector.runbooks.rate_limits import aggregate_limit
 
 
 def rate_limit_from_step(
@@ -21,21 +23,33 @@ def rate_limit_from_step(
 ) -> RateLimit:
     """Return the RateLimit of a planned ``enable_rate_limit`` step.
 
-    The rate is the step's ``limit_rps`` param, as computed by
-    ``detector.runbooks.planner.build_variables`` (the healthy ok rate before the last victim,
-    scaled to the replicas serving, never under the floor) and rendered by the runbook; the
-    zone is named after its ``namespace`` and ``ingress`` params. Raises
-    ActuatorError(``invalid_request``) for another action or a missing / non-integer rate.
+    The rate is the step's aggregate limit (``detector.runbooks.rate_limits.aggregate_limit``:
+    ``aggregate_limit_rpm``, the healthy ok rate before the last victim scaled to the replicas
+    serving, relaxed by the lift), as ``r/s`` when it is whole requests per second, else
+    ``r/m``; ``limit_conn`` is its ``aggregate_connections``. With the default constant ``key``
+    every client shares the one bucket. The zone is named after the step's ``namespace`` and
+    ``ingress`` params. Raises ActuatorError(``invalid_request``) for another action or a step
+    without a usable rate.
     """
     if step.action is not Action.ENABLE_RATE_LIMIT:
         raise ActuatorError(
             Reason.INVALID_REQUEST,
             f"step {step.step_id!r} is {step.action.value}, not enable_rate_limit",
         )
-    rate = coerce_int(step.params.get("limit_rps"))
-    if rate is None:
+    limit = aggregate_limit(step.params)
+    if limit is None:
         raise ActuatorError(
-            Reason.INVALID_REQUEST, f"step {step.step_id!r} has no integer limit_rps param"
+            Reason.INVALID_REQUEST,
+            f"step {step.step_id!r} has no integer aggregate_limit_rpm or limit_rps param",
         )
     zone = zone_name(step.params.get("namespace", ""), step.params.get("ingress", ""))
-    return RateLimit(zone=zone, rate_per_s=rate, burst=burst, zone_size=zone_size, key=key)
+    per_s, per_min = (limit.rpm // 60, None) if limit.rpm % 60 == 0 else (None, limit.rpm)
+    return RateLimit(
+        zone=zone,
+        rate_per_s=per_s,
+        rate_per_min=per_min,
+        burst=burst,
+        zone_size=zone_size,
+        key=key,
+        connections=limit.connections,
+    )
