@@ -285,7 +285,7 @@ class Correlator:
         # hysteresis: the surge ends when the 5xx rate or share falls under half its threshold
         over_half = lb.exceeds(cfg.error_rate_per_s / 2, cfg.error_ratio / 2)
         if not over_half and status not in ERROR_STATUSES:
-            ws.errors_above_since = ws.errors_above_source = None
+            ws.errors_above_since = ws.errors_above_source = ws.surge_clients = None
             ws.surge_handled = False
             return []
         if above and not ws.surge_handled:
@@ -296,6 +296,7 @@ class Correlator:
         return []
 
     def _surge_started(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        ws.surge_clients = ws.clients.stats(sig.time)
         marked = _window_summary(ws, sig)
         ws.errors_above_since = sig.time
         ws.errors_above_source = marked
@@ -332,7 +333,7 @@ def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
     its client distribution (``clients``, ``client_max_requests``, ``client_requests`` over
     ``clients_span_s``, ``clients_capped``; ``proxies``: proxy instances that logged them)."""
     lb = ws.lb
-    seen = ws.clients.stats(sig.time)
+    seen = ws.surge_clients if ws.surge_clients is not None else ws.clients.stats(sig.time)
     summary = (
         f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
         f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"

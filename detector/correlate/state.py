@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from detector.correlate.identity import WorkloadRef
-from detector.correlate.windows import ClientWindow, RateWindow
+from detector.correlate.windows import ClientStats, ClientWindow, RateWindow
 from detector.events.model import Signal, SourcePos
 
 
@@ -111,6 +111,9 @@ class WorkloadState:
     ref: WorkloadRef
     lb: RateWindow
     clients: ClientWindow  # requests per client address and the proxies logging them
+    # the client distribution when the current 5xx surge started (None: no surge): what the
+    # plan sizes per-client limits from, the same whatever the other streams' progress
+    surge_clients: ClientStats | None = None
     pods: dict[str, float] = field(default_factory=dict)  # pod -> last seen, in order seen
     last_oom: dict[str, float] = field(default_factory=dict)  # pod -> last GPU OOM time
     last_gpu_oom_at: float | None = None

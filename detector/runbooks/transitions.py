@@ -312,13 +312,18 @@ def plan_text(step: PlannedStep) -> str:
     """Return what the step will do, in one line (for staggered restarts, the restart plan)."""
     p = step.params
     if step.action is Action.STAGGER_RESTARTS:
-        return (
-            f"restart {', '.join(_pods(step)) or 'no pod'} one at a time ({p.get('order_basis')}"
-            f"), at least {p.get('spacing_s')} s apart plus {p.get('warmup_s', '0')} s warm-up "
+        return (  # the order's basis (memory headroom) is in the step's params
+            f"restart {', '.join(_pods(step)) or 'no pod'} one at a time, crashed pods first, "
+            f"at least {p.get('spacing_s')} s apart plus {p.get('warmup_s', '0')} s warm-up "
             f"after Ready, at most {p.get('max_unavailable', '1')} unavailable"
         )
     if step.action is Action.LOWER_BATCH_CEILING:
         return f"{p.get('current_settings', '?')} -> {p.get('settings', '?')}"
+    if p.get("aggregate_budget_rps") is not None:  # the containment figure, for all clients
+        return (
+            f"shed load over the healthy capacity left: {p.get('aggregate_budget_rps')}/s and "
+            f"{p.get('aggregate_connections')} connections in all (gateway values in the params)"
+        )
     return f"limit-rps {p.get('limit_rps')}, limit-connections {p.get('limit_connections')}"
 
 
