@@ -115,14 +115,19 @@ def observed_upstream(signals: tuple[Signal, ...]) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
+_FAILURES = frozenset({SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD, SignalKind.CRASH_LOOP})
+
+
 def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
     """Return the longest model load seen in the engine startup evidence, and where.
 
     Either logged as ``model_load_s`` (ENGINE_CONFIG attrs), or measured per pod from the
     engine's startup lines already parsed: an ENGINE_CONFIG line of arguments starts a load,
     the next line of the same pod that reports its KV cache (``ENGINE_UP_KEYS``: vLLM "GPU KV
-    cache size", "Available KV cache memory", "# GPU blocks", "Maximum concurrency") ends it.
-    Loads over ``MAX_LOAD_S`` are ignored. (None, "") when neither is there.
+    cache size", "Available KV cache memory", "# GPU blocks", "Maximum concurrency") ends it;
+    a crash of the pod (GPU OOM, engine dead, crash loop) in between voids the start, since
+    lines logged around a crash (a config dump) are no start of a load. Loads over
+    ``MAX_LOAD_S`` are ignored. (None, "") when neither is there.
     """
     configs = [s for s in signals if s.kind is SignalKind.ENGINE_CONFIG]
     logged = [v for s in configs if (v := coerce_float(s.attrs.get("model_load_s"))) and v > 0]
@@ -132,8 +137,12 @@ def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
         )
     started: dict[str, float] = {}
     best: tuple[float, str, float, float] | None = None
-    for sig in sorted(configs, key=lambda s: s.time):
+    lines = [s for s in signals if s.kind is SignalKind.ENGINE_CONFIG or s.kind in _FAILURES]
+    for sig in sorted(lines, key=lambda s: (s.time, s.kind is not SignalKind.ENGINE_CONFIG)):
         pod = sig.pod or ""
+        if sig.kind in _FAILURES:  # a crash ends any load in progress: its lines start none
+            started.pop(pod, None)
+            continue
         if ENGINE_UP_KEYS.isdisjoint(sig.attrs):
             started.setdefault(pod, sig.time)
             continue
@@ -219,7 +228,6 @@ def _oom_free_share(a: dict[str, Any]) -> float | None:
 _FREE_SHARE = {SignalKind.GPU_MEMORY: _free_share, SignalKind.GPU_OOM: _oom_free_share}
 
 
-_FAILURES = frozenset({SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD, SignalKind.CRASH_LOOP})
 _READINGS = frozenset({SignalKind.GPU_MEMORY, SignalKind.ENGINE_PRESSURE})
 
 

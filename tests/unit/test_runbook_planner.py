@@ -407,6 +407,22 @@ def cfg(dt: float, pod: str, **attrs: Any) -> Signal:
         ((cfg(0, "a", max_num_seqs=1), cfg(30, "b", kv_cache_bytes=1)), None, ""),
         # a start that never reached its KV cache in MAX_LOAD_S is not a load
         ((cfg(0, "a", max_num_seqs=1), cfg(4000, "a", gpu_blocks=10)), None, ""),
+        # a config dumped at a crash starts no load: the restart's own start does
+        (
+            (
+                cfg(100, "a", max_num_seqs=256),
+                sig(K.GPU_OOM, 100, "a"),
+                cfg(240, "a", max_num_seqs=256),
+                cfg(273, "a", kv_cache_tokens=1000),
+            ),
+            33.0,
+            "engine arguments at",
+        ),
+        (
+            (cfg(100, "a", max_num_seqs=1), sig(K.GPU_OOM, 101, "a"), cfg(200, "a", gpu_blocks=1)),
+            None,
+            "",
+        ),
     ],
 )
 def test_observed_load_time(signals: tuple[Signal, ...], load: float | None, fragment: str) -> None:
