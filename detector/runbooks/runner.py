@@ -309,7 +309,18 @@ def _conditions(
             session=session, incident=incident, live=live, until=now
         ),
         current=current,
+        dry_run_why=_dry_run_why(incident, armed, c.dry_run),
     )
+
+
+def _dry_run_why(incident: Incident, armed: bool, dry_run: bool) -> str:
+    """Return why nothing of the incident acts for real ("" when it may)."""
+    if dry_run:
+        return "the detector runs with DETECTOR_DRY_RUN=true"
+    if not armed:
+        where = f"{incident.namespace}/{incident.workload}"
+        return f"{where} is not armed (detector arm {where})"
+    return ""
 
 
 def _approval(row: StepApproval) -> Approval:

@@ -96,6 +96,7 @@ class Conditions:
     max_actions_per_hour: int = 6
     last_apply_at: Mapping[str, float] = field(default_factory=dict)
     current: Mapping[str, PlannedStep] = field(default_factory=dict)
+    dry_run_why: str = ""  # why nothing acts for real while ``live`` is False
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,7 @@ class Transition:
     diff: str = ""
     replan: Mapping[str, str] | None = None
     last: bool = False
+    dry_why: str = ""  # a dry-run actuator move: why it did not act for real
 
     @property
     def message(self) -> str:
@@ -131,7 +133,8 @@ class Transition:
             return f"{step} {self.move.value} by {self.actor}: {self.reason}"
         if self.live:
             return f"{step} {self.move.value} [live] by {self.actor}: {self.reason}"
-        return f"{step} would be {self.move.value} [dry-run: nothing changed]: {self.reason}"
+        why = f"; {self.dry_why}" if self.dry_why else ""
+        return f"{step} would be {self.move.value} [dry-run: nothing changed{why}]: {self.reason}"
 
     def detail(self) -> dict[str, Any]:
         """Return the structured timeline detail: status, actor, reason, diff, approval."""
@@ -427,6 +430,15 @@ def _live(step: PlannedStep, cond: Conditions) -> bool:
     return cond.live and step.action.value in cond.actuated
 
 
+def _dry_why(step: PlannedStep, cond: Conditions) -> str:
+    """Return why ``step`` would not act for real now ("" when it would)."""
+    if not cond.live:
+        return cond.dry_run_why
+    if step.action.value not in cond.actuated:
+        return f"no actuator is configured for {step.action.value}"
+    return ""
+
+
 def _baseline(rec: StepRecord, cond: Conditions) -> dict[str, Any]:
     """Keep the evidence at the first apply as the baseline of the verification."""
     return {} if rec.baseline is not None else {"baseline": cond.health.as_record()}
@@ -445,8 +457,9 @@ def _apply(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition |
     if (why := _rails(step, cond, Move.APPLY)) is not None:
         return _blocked(step, rec, now, why)
     params, live = dict(step.params), _live(step, cond)
-    return _t(step, Move.APPLY, rec, now, plan_text(step), _baseline(rec, cond), params=params,
-              live=live)  # fmt: skip
+    t = _t(step, Move.APPLY, rec, now, plan_text(step), _baseline(rec, cond), params=params,
+           live=live)  # fmt: skip
+    return replace(t, dry_why=_dry_why(step, cond))
 
 
 def _pods(step: PlannedStep) -> list[str]:
@@ -491,10 +504,11 @@ def _next_restart(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Trans
     if (why := _rails(step, cond, Move.RESTART)) is not None:
         return _blocked(step, rec, cond.now, why)
     pod, total = remaining[0], len(done) + len(remaining)
-    why = f"pod {pod} ({len(done) + 1} of {total}) evicted, one at a time"
-    return _t(step, Move.RESTART, rec, cond.now, why, _baseline(rec, cond), key=f"restart:{pod}",
-              params={**step.params, "pod": pod}, live=_live(step, cond),
-              last=len(remaining) == 1)  # fmt: skip
+    why = f"pod {pod} ({len(done) + 1} of {total}), one at a time"
+    t = _t(step, Move.RESTART, rec, cond.now, why, _baseline(rec, cond), key=f"restart:{pod}",
+           params={**step.params, "pod": pod}, live=_live(step, cond),
+           last=len(remaining) == 1)  # fmt: skip
+    return replace(t, dry_why=_dry_why(step, cond))
 
 
 def _rest_recovered(

@@ -206,4 +206,4 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
     assert "restart vllm-llama-" in asked["reason"] and "one at a time" in asked["reason"]
     assert asked["approval"]["status"] == "pending"
     messages = [t["message"] for t in inc["timeline"] if "detail" in t]
-    assert "would be applied [dry-run: nothing changed]" in messages[1]
+    assert "would be applied [dry-run: nothing changed; the detector runs with" in messages[1]

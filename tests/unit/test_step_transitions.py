@@ -589,3 +589,18 @@ def test_a_lift_waits_while_memory_is_at_the_ceiling_again() -> None:
     hot = replace(CASCADING, time=T0 + 900, stage="resolved", last_pressure=(T0 + 100, "c"))
     t = next_transition([CEILING], {"lower_batch_ceiling": lifting}, cond(T0 + 900, health=hot))
     assert t is not None and t.move is Move.BLOCKED and "lift_held" in t.reason
+
+
+def test_a_dry_run_move_says_why_it_did_not_act_for_real() -> None:
+    approved = {"lower_batch_ceiling": rec(StepState.APPROVED)}
+    unarmed = next_transition(STEPS, approved, cond(dry_run_why="llm/m is not armed"))
+    assert unarmed is not None and "[dry-run: nothing changed; llm/m is not armed]" in (
+        unarmed.message
+    )
+    no_actuator = next_transition(STEPS, approved, cond(live=True))
+    assert no_actuator is not None and not no_actuator.live
+    assert "no actuator is configured for lower_batch_ceiling" in no_actuator.message
+    live = next_transition(
+        STEPS, approved, cond(live=True, actuated=frozenset({"lower_batch_ceiling"}))
+    )
+    assert live is not None and live.live and "[live]" in live.message
