@@ -14,6 +14,7 @@ failure).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.cli.settings import cli_settings
 from detector.config import Settings
-from detector.errors import ApprovalError, DetectorError
+from detector.errors import ApprovalError, ConfigError, DetectorError
 from detector.runbooks import approvals, controls, flows
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.textsafe import printable
@@ -62,10 +63,33 @@ def _store(settings: Settings) -> Iterator[Session]:
         engine.dispose()
 
 
-def _run(database_url: str | None, work: Callable[[Settings, Session], T]) -> T:
+_SAFE = (DecisionKind.KILL_SWITCH_ON, DecisionKind.DISARM)  # the brakes: never held back
+
+
+def _settings(database_url: str | None, safe: bool) -> Settings:
+    """Return the command's settings; for a brake, the store's alone when the rest is invalid.
+
+    A bad, unrelated setting (a shared env file) must not keep anyone from the kill switch or
+    from disarming: the error is printed as a warning and only the store's URL is used.
+    """
+    try:
+        return cli_settings(database_url, None)
+    except ConfigError as exc:
+        if not safe:
+            raise
+        typer.echo(printable(f"warning: {exc}; using the store only", one_line=True), err=True)
+        fallback = Settings.model_construct()
+        url = database_url or os.environ.get("DETECTOR_DATABASE__URL")
+        fallback.database.url = url or fallback.database.url
+        return fallback
+
+
+def _run(
+    database_url: str | None, work: Callable[[Settings, Session], T], *, safe: bool = False
+) -> T:
     """Run ``work`` in one transaction; map refusals to exit 1 and errors to exit 2."""
     try:
-        settings = cli_settings(database_url, None)
+        settings = _settings(database_url, safe)
         with _store(settings) as session:
             return work(settings, session)
     except ApprovalError as exc:
@@ -97,7 +121,7 @@ def _decide(request: DecisionRequest, url: str | None) -> None:
             return f"disarmed: {control.scope} is dry-run only in {store}"
         return _kill_switch_line(settings, session)
 
-    typer.echo(printable(_run(url, work)))
+    typer.echo(printable(_run(url, work, safe=request.kind in _SAFE)))
 
 
 def _kill_switch_line(settings: Settings, session: Session) -> str:
@@ -177,12 +201,14 @@ def disarm_cmd(
     workload: Annotated[str, typer.Argument(help="NAMESPACE/WORKLOAD")],
     who: AsOption = None,
     reason: ReasonOption = "",
-    force: ForceOption = False,
     database_url: DbOption = None,
 ) -> None:
-    """Make a workload dry-run only again (wins over DETECTOR_CONTAINMENT__ARMED_WORKLOADS)."""
+    """Make a workload dry-run only again (wins over DETECTOR_CONTAINMENT__ARMED_WORKLOADS).
+
+    Any NAMESPACE/WORKLOAD is accepted, known to the store or not: disarming is never risky.
+    """
     request = DecisionRequest(
-        DecisionKind.DISARM, "cli", who or "", reason, workload=workload, force=force, host=_host()
+        DecisionKind.DISARM, "cli", who or "", reason, workload=workload, host=_host()
     )
     _decide(request, database_url)
 
@@ -206,7 +232,7 @@ def kill_switch_cmd(
         raise typer.Exit(2)
 
     if state == "status":
-        status = _run(database_url, lambda s, session: _status_lines(s, session, last))
+        status = _run(database_url, lambda s, session: _status_lines(s, session, last), safe=True)
         typer.echo(printable(status))
         return
     kind = DecisionKind.KILL_SWITCH_ON if state == "on" else DecisionKind.KILL_SWITCH_OFF

@@ -172,7 +172,7 @@ class DecisionRequest:
     step: str = ""
     workload: str = ""
     plan: str = ""  # approve/deny: the digest of the plan the person saw ("": the pending one)
-    force: bool = False  # arm/disarm: a workload the store has never seen
+    force: bool = False  # arm: a workload the store has never seen
     host: str = ""  # controls: the machine the face ran on (the CLI's host name)
 
 
@@ -221,7 +221,7 @@ def decide(
     if kind in (DecisionKind.ARM, DecisionKind.DISARM):
         scope, name = approvals.workload_scope(request.workload), approvals.ARMED
         enabled = kind is DecisionKind.ARM
-        if not request.force:
+        if enabled and not request.force:  # disarming is the safe direction: never held back
             _require_known_workload(session, scope)
     else:
         scope, name = approvals.GLOBAL_SCOPE, approvals.KILL_SWITCH
@@ -235,7 +235,7 @@ def decide(
 
 
 def _require_known_workload(session: Session, scope: str) -> None:
-    """Refuse to arm or disarm a workload the store has never seen (a typo, most likely).
+    """Refuse to arm a workload the store has never seen (a typo, most likely).
 
     Raises ApprovalError(``not_found``) naming the known workloads that look close.
     """

@@ -183,7 +183,7 @@ def test_controls_refuse_a_store_that_does_not_exist_and_create_none(tmp_path: P
         ("kill-switch", "on"),
         ("kill-switch", "status"),
         ("arm", "llm/vllm-llama", "--force"),
-        ("disarm", "llm/vllm-llama", "--force"),
+        ("disarm", "llm/vllm-llama"),
         ("approve", "llm/x@1", "3", "--as", "alice"),
         ("deny", "llm/x@1", "3", "--as", "alice"),
     ]:
@@ -253,3 +253,21 @@ def test_each_change_is_kept_shown_by_status_and_noted_on_the_timeline(tmp_path:
     ]
     assert notes[0]["message"].startswith(f"kill switch on by ops via cli from {host} at 20")
     assert notes[0]["message"].endswith(": drill") and notes[0]["detail"]["host"] == host
+
+
+def test_the_brakes_work_with_a_broken_unrelated_setting_and_leak_no_token(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert detector("migrate", "--db", url).returncode == 0
+    secret = "S3cr3t-Tok-15ch"  # too short, so the settings are invalid
+    broken = {
+        "DETECTOR_CORRELATE__SUSTAIN_S": "30s",
+        "DETECTOR_WEB__TOKENS": f'{{"a": "{secret}"}}',
+    }
+    on = detector("kill-switch", "on", "--reason", "emergency", "--db", url, **broken)
+    assert on.returncode == 0 and "kill switch on" in on.stdout, on.stderr
+    assert "warning: invalid DETECTOR_* setting" in on.stderr and secret not in on.stderr
+    assert "correlate.sustain_s" in on.stderr and "web.tokens" in on.stderr
+    disarmed = detector("disarm", "llm/never-seen", "--db", url, **broken)  # no --force needed
+    assert disarmed.returncode == 0 and "dry-run only" in disarmed.stdout, disarmed.stderr
+    armed = detector("arm", "llm/never-seen", "--force", "--db", url, **broken)  # not a brake
+    assert armed.returncode == 2 and secret not in armed.stderr

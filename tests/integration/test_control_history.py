@@ -134,9 +134,7 @@ def test_arming_a_workload_the_store_never_saw_needs_force(session: Session) -> 
     assert caught.value.reason == "not_found"
     session.rollback()
     assert controls.history(session=session) == []
-    with pytest.raises(ApprovalError, match="--force"):
-        ask(session, DecisionKind.DISARM, NOW, workload="batch/train")
-    session.rollback()
+    ask(session, DecisionKind.DISARM, NOW, workload="batch/train")  # the safe way: no --force
     ask(session, DecisionKind.ARM, NOW, workload="llm/vllm-mistral")  # a verdict: known
     ask(session, DecisionKind.ARM, NOW, workload="llm/vllm-lama", force=True)
     kw = {"session": session, "namespace": "llm", "armed_workloads": ()}
@@ -144,6 +142,7 @@ def test_arming_a_workload_the_store_never_saw_needs_force(session: Session) -> 
     assert [r.scope for r in controls.history(session=session)] == [
         "llm/vllm-lama",
         "llm/vllm-mistral",
+        "batch/train",
     ]
 
 
