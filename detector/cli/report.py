@@ -76,8 +76,14 @@ def _render_outcome(s: dict[str, Any], console: Console) -> None:
     approval = s["approval_state"]
     who = f" by {approval['decided_by']}" if approval.get("decided_by") else ""
     check = s["verification"]
+    status = approval["status"]
+    expires = approval.get("expires_at")
+    if status == "pending" and expires and datetime.fromisoformat(expires) <= datetime.now(UTC):
+        when = datetime.fromisoformat(expires).astimezone(UTC)
+        status = f"pending, past its expiry ({when:%Y-%m-%d %H:%M:%S} UTC): no longer decidable"
+    plan = f" (plan {approval['plan']})" if approval.get("plan") and status == "pending" else ""
     line = (
-        f"state {s['state']} ({s['mode'] or 'not acted'}); approval {approval['status']}{who}; "
+        f"state {s['state']} ({s['mode'] or 'not acted'}); approval {status}{plan}{who}; "
         f"verification {check['result']}"
     )
     console.print(f"     [bold]{_t(line)}[/bold]", soft_wrap=True)

@@ -6,9 +6,10 @@ import json
 import logging
 import signal
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -129,8 +130,33 @@ def incidents_cmd(
     for inc in incidents:
         line = f"{inc['key']}  {inc['stage']}  {inc['workload']}  victims={len(inc['pods'])}"
         console.print(printable(line, one_line=True), markup=False, soft_wrap=True)
+        for waiting in _waiting(inc):
+            console.print(printable(waiting, one_line=True), markup=False, soft_wrap=True)
     if not incidents:
         console.print("no incidents")
+
+
+def _waiting(inc: dict[str, Any]) -> list[str]:
+    """Return a line per step of ``inc`` waiting for a person: what to approve, and until when."""
+    lines = []
+    for step in inc["steps"]:
+        approval = step["approval_state"]
+        if step["state"] != "awaiting_approval" or approval.get("status") != "pending":
+            continue
+        plan, who = approval.get("plan"), approval.get("approver_group")
+        expires = approval.get("expires_at")
+        if expires and datetime.fromisoformat(expires) <= datetime.now(UTC):
+            lines.append(
+                f"  step {step['position']} {step['action']} asked {who} until {expires}: "
+                "expired, no longer decidable"
+            )
+            continue
+        lines.append(
+            f"  waiting: step {step['position']} {step['action']} for {who} (plan {plan}) "
+            f"until {approval.get('expires_at')}: "
+            f"detector approve|deny {inc['key']} {step['position']} --plan {plan}"
+        )
+    return lines
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -267,7 +267,9 @@ def _check_decidable(row: StepApproval, now: float, plan: str | None) -> None:
         raise ApprovalError("conflict", f"{step} expired at {when}: nothing changed")
     if plan is not None and plan != row.plan_digest:
         raise ApprovalError(
-            "conflict", f"{step}: the plan changed (now {row.plan_digest}, not {plan}): look again"
+            "conflict",
+            f"{step}: the plan pending is {row.plan_digest}, not {plan} (the plan changed, or "
+            "a mistyped digest): look again",
         )
 
 

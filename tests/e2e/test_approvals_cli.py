@@ -94,6 +94,8 @@ def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_now(tmp_path / "cut"))
     digest = inc["steps"][2]["approval_state"]["plan"]
+    listed = detector("incidents", "--db", url).stdout
+    assert f"waiting: step 3 stagger_restarts for sre-oncall (plan {digest})" in listed
     args = ("approve", inc["key"], "3", "--as", "alice", "--db", url)
     stale = detector(*args, "--plan", "000000000000", **APPROVERS)
     assert stale.returncode == 1 and "the plan changed" in stale.stderr, stale.stderr
@@ -106,6 +108,7 @@ def test_a_late_approval_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     inc = replay(url, awaiting_in_2025(tmp_path / "cut"))  # its approval expired in 2025
     assert inc["steps"][2]["state"] == "awaiting_approval"
     before = detector("incidents", "--json", "--db", url).stdout
+    assert "expired, no longer decidable" in detector("incidents", "--db", url).stdout
     proc = detector("approve", inc["key"], "3", "--as", "alice", "--db", url, **APPROVERS)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "expired at 2025-03-14" in proc.stderr
