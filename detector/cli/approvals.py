@@ -247,7 +247,10 @@ def serve_cmd(
     database_url: DbOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Serve the approvals HTTP endpoint (POST /api/incidents/KEY/steps/STEP/approve|deny)."""
+    """Serve the approvals HTTP endpoint (POST /api/incidents/KEY/steps/STEP/approve|deny).
+
+    The store must exist and be migrated (``detector migrate``, or a detector that ran on it).
+    """
     import uvicorn
 
     from detector.web.app import create_app
@@ -255,14 +258,18 @@ def serve_cmd(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     try:
         settings = cli_settings(database_url, None)
+        db.require_head(settings.database.url)  # the detector's store: a typo must not "work"
     except DetectorError as exc:
         typer.echo(printable(f"error: {exc}", one_line=True), err=True)
         raise typer.Exit(2) from exc
     if not settings.web.tokens:
         typer.echo("warning: no DETECTOR_WEB__TOKENS: every request will be refused", err=True)
+    where = (host or settings.web.host, port if port is not None else settings.web.port)
+    store = db.redact(settings.database.url)
+    typer.echo(f"serving approvals on http://{where[0]}:{where[1]} for {store}", err=True)
     uvicorn.run(
         create_app(settings),
-        host=host or settings.web.host,
-        port=port if port is not None else settings.web.port,
+        host=where[0],
+        port=where[1],
         log_level="info" if verbose else "warning",
     )

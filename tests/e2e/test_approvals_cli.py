@@ -177,6 +177,10 @@ def test_serve_refuses_bad_settings(tmp_path: Path) -> None:
     env = {"DETECTOR_WEB__TOKENS": '{"alice": "short"}'}
     proc = detector("serve", "--db", f"sqlite:///{tmp_path / 's.db'}", **env)
     assert proc.returncode == 2 and "shorter than 16" in proc.stderr
+    tokens = {"DETECTOR_WEB__TOKENS": '{"alice": "0123456789abcdef-long"}'}
+    missing = detector("serve", "--db", f"sqlite:///{tmp_path / 'typo.db'}", **tokens)
+    assert missing.returncode == 2 and "no incident store" in missing.stderr
+    assert not (tmp_path / "typo.db").exists()
 
 
 def test_controls_refuse_a_store_that_does_not_exist_and_create_none(tmp_path: Path) -> None:
