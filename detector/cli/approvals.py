@@ -30,6 +30,7 @@ from detector.config import Settings
 from detector.errors import ApprovalError, ConfigError, DetectorError
 from detector.runbooks import approvals, controls, flows
 from detector.runbooks.flows import DecisionKind, DecisionRequest
+from detector.runbooks.models import StepApproval
 from detector.textsafe import printable
 
 T = TypeVar("T")
@@ -110,7 +111,9 @@ def _decide(request: DecisionRequest, url: str | None) -> None:
         row = done.approval
         if row is not None:
             step = f"step {row.position} {row.step_id} of {request.incident}"
-            return f"{row.status}: {step} by {row.decided_by}"
+            return (
+                f"{row.status}: {step} by {row.decided_by}{_dry_run_note(settings, session, row)}"
+            )
         control = done.control
         assert control is not None
         store = db.redact(settings.database.url)
@@ -122,6 +125,23 @@ def _decide(request: DecisionRequest, url: str | None) -> None:
         return _kill_switch_line(settings, session)
 
     typer.echo(printable(_run(url, work, safe=request.kind in _SAFE)))
+
+
+def _dry_run_note(settings: Settings, session: Session, row: StepApproval) -> str:
+    """Say when an approved step will still change nothing (dry-run or not armed)."""
+    if row.status != "approved":
+        return ""
+    incident = row.incident
+    scope = f"{incident.namespace}/{incident.workload}"
+    if settings.dry_run:
+        return " (dry-run: DETECTOR_DRY_RUN=true here, nothing will change)"
+    armed = approvals.is_armed(
+        session=session,
+        namespace=incident.namespace,
+        workload=incident.workload,
+        armed_workloads=settings.containment.armed_workloads,
+    )
+    return "" if armed else f" (dry-run: {scope} is not armed, nothing will change)"
 
 
 def _kill_switch_line(settings: Settings, session: Session) -> str:

@@ -52,7 +52,7 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     assert inc["steps"][2]["state"] == "awaiting_approval"
     for who, code, words in [
         ("mallory", 1, "not on the approver allow-list"),
-        ("alice", 0, f"approved: step 3 stagger_restarts of {key} by alice"),
+        ("alice", 0, f"approved: step 3 stagger_restarts of {key} by alice (dry-run:"),
         ("bob", 1, "not pending"),
     ]:
         proc = detector(
