@@ -65,6 +65,7 @@ class ContainmentFlows:
             actuators=dict(actuators or {}),
             armed_workloads=frozenset(settings.containment.armed_workloads),
             kill_switch=settings.containment.kill_switch,
+            gateway=settings.containment.rate_limit_driver(),
         )
         return cls(runbook, dry_run=settings.dry_run, containment=containment)
 
@@ -97,7 +98,8 @@ class ContainmentFlows:
             time=time,
         )
         rows = {row.position: row for row in run.steps}
-        for step in plan(self.runbook, ctx, dry_run=self.dry_run):
+        gateway = self.containment.gateway
+        for step in plan(self.runbook, ctx, dry_run=self.dry_run, gateway=gateway):
             row = rows.get(step.position)
             if row is not None and _acted(row):
                 continue  # what was applied or approved stays as it was planned then

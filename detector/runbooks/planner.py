@@ -293,7 +293,9 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     return crashed, healthy, basis
 
 
-def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> dict[str, Any]:
+def build_variables(
+    ctx: IncidentContext, *, floors: Floors | None = None, gateway: str | None = None
+) -> dict[str, Any]:
     """Return the template variables for an incident: plain str/int/float/list/dict/None values.
 
     Keys: namespace, workload, workload_kind, cluster, stage, victims, victim_count,
@@ -306,7 +308,7 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
     replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
     clients seen), rate_limit_basis, ingress_name, upstream, restart_order (crashed_pods then
     healthy_restarts, see ``restart_plan``), restart_order_basis, spacing_s, model_load_s,
-    spacing_basis. Rates are per second.
+    spacing_basis, gateway (the configured 429 gateway, "" when none). Rates are per second.
     """
     floors = _merge_floors(floors)
     victims = list(ctx.victims)
@@ -324,10 +326,12 @@ def build_variables(ctx: IncidentContext, *, floors: Floors | None = None) -> di
         ceiling,
         rps_floor=floors.rate_limit_rps or 1,
         connections_floor=floors.limit_connections or 1,
+        gateway=gateway,
     )
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
     return {
+        "gateway": gateway or "",
         "namespace": ctx.namespace,
         "workload": ctx.workload,
         "workload_kind": ctx.workload_kind,
@@ -405,13 +409,17 @@ def _status(step: Step, dry_run: bool) -> str:
     return "planned" if step.policy == "auto" else "awaiting_approval"
 
 
-def plan(runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True) -> list[PlannedStep]:
+def plan(
+    runbook: Runbook, ctx: IncidentContext, *, dry_run: bool = True, gateway: str | None = None
+) -> list[PlannedStep]:
     """Render every step of ``runbook`` for ``ctx``, in order; pure.
 
+    ``gateway`` is the 429 gateway the settings configure (``nginx``, ``ingress-nginx``,
+    ``kong``, ``envoy``, ``envoy-gateway``; None: none, the plan says what each would do).
     Raises RunbookError (from rendering) naming the step and param that failed.
     """
     floors = _merge_floors(runbook.floors())
-    variables = build_variables(ctx, floors=floors)
+    variables = build_variables(ctx, floors=floors, gateway=gateway)
     return [
         PlannedStep(
             position=position,

@@ -32,6 +32,7 @@ from detector.capacity.numbers import coerce_float, coerce_int
 from detector.capacity.sizing import CeilingProposal, connection_limit
 from detector.events.model import Signal, SignalKind
 
+AGGREGATE_GATEWAYS = frozenset({"nginx", "kong", "envoy", "envoy-gateway"})
 AGGREGATE_LIMITERS = (
     "an aggregate limiter (plain nginx limit_req on one key per workload, Kong limit_by "
     "service, an Envoy Gateway BackendTrafficPolicy or Envoy local rate limit divided by its "
@@ -177,6 +178,7 @@ def gateway_limits(
     *,
     rps_floor: int = 1,
     connections_floor: int = 1,
+    gateway: str | None = None,
 ) -> GatewayLimits:
     """Size the 429 step for ``traffic`` with ``healthy`` of ``seen`` replicas serving.
 
@@ -214,6 +216,13 @@ def gateway_limits(
     )
     per_client = _per_client(traffic, budget, rpm, connections, rps_floor, connections_floor)
     rps, conns, bound_rps, bound_conns, client_basis = per_client
+    if gateway in AGGREGATE_GATEWAYS:
+        basis = f"{head}; the configured gateway, {gateway}, enforces it for all clients"
+    elif gateway is None:
+        basis = f"{head}; no gateway configured (a dry-run plan): if it is ingress-nginx, "
+        basis += client_basis
+    else:
+        basis = f"{head}; {client_basis}"
     return GatewayLimits(
         budget_rps=budget,
         aggregate_rpm=rpm,
@@ -222,7 +231,7 @@ def gateway_limits(
         per_client_connections=conns,
         bound_rps=bound_rps,
         bound_connections=bound_conns,
-        basis=f"{head}; {client_basis}",
+        basis=basis,
     )
 
 

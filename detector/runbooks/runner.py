@@ -158,6 +158,7 @@ class Containment:
     actuators: Mapping[str, StepActuator] = field(default_factory=dict)
     armed_workloads: frozenset[str] = frozenset()
     kill_switch: bool = False
+    gateway: str | None = None  # the configured 429 gateway (planning says what it enforces)
 
 
 def stored_plan(runbook: Runbook, run: RunbookRun) -> list[PlannedStep]:
@@ -207,7 +208,7 @@ def advance(
     rows = {row.position: row for row in run.steps}
     stored = records_of(run)
     records = {step.step_id: stored[step.position] for step in steps}
-    current = _current(runbook, ctx, records.values(), containment.dry_run)
+    current = _current(runbook, ctx, records.values(), containment)
     made = 0
     for _ in range(MAX_MOVES):
         cond = _conditions(session, incident, runbook, ctx, now, containment, current)
@@ -234,12 +235,12 @@ _READS_NOW = frozenset(
 
 
 def _current(
-    runbook: Runbook, ctx: IncidentContext, records: Iterable[StepRecord], dry_run: bool
+    runbook: Runbook, ctx: IncidentContext, records: Iterable[StepRecord], c: Containment
 ) -> dict[str, PlannedStep]:
     """Plan the steps from the evidence of now, when a step still to act will read it."""
     if not any(StepState(rec.state) in _READS_NOW for rec in records):
         return {}
-    return {s.step_id: s for s in plan(runbook, ctx, dry_run=dry_run)}
+    return {s.step_id: s for s in plan(runbook, ctx, dry_run=c.dry_run, gateway=c.gateway)}
 
 
 _PENDING_MOVES = {Move.EXPIRED: "expired", Move.WITHDRAWN: "withdrawn"}

@@ -624,3 +624,24 @@ def test_capped_clients_are_a_lower_bound() -> None:
     built = build_variables(incident(*OOMS, summary))
     assert "at least 60000 clients seen" in built["rate_limit_basis"]
     assert "let through at least 60000 clients x 1 r/s" in built["rate_limit_basis"]
+
+
+@pytest.mark.parametrize(
+    ("gateway", "says", "never"),
+    [
+        ("nginx", "the configured gateway, nginx, enforces it for all clients", "per client IP"),
+        ("kong", "the configured gateway, kong, enforces it", "per client IP"),
+        ("ingress-nginx", "ingress-nginx counts per client IP", "no gateway configured"),
+        (None, "no gateway configured (a dry-run plan): if it is ingress-nginx", "enforces it for"),
+    ],
+)
+def test_the_429_plan_speaks_of_the_configured_gateway(
+    runbook: Runbook, gateway: str | None, says: str, never: str
+) -> None:
+    step = {p.step_id: p for p in plan(runbook, incident(*OOMS), gateway=gateway)}[
+        "enable_rate_limit"
+    ]
+    assert says in step.params["basis"] and never not in step.params["basis"]
+    ingress = gateway in (None, "ingress-nginx")
+    assert step.params["annotations"].startswith("{") == ingress
+    assert step.params["gateway"] == (gateway or "not configured (dry-run plan)")
