@@ -63,7 +63,8 @@ def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str 
 
     Ceiling: the container args or env of the workload (before: the ceilings in force, from
     the engine's startup lines). Rate limit: the ingress annotations (before: none). Restart:
-    the Eviction the API server would get for the ``pod`` param (before: none).
+    the Eviction the API server would get for the ``pod`` param (an LWS: its group's leader;
+    an Argo Rollout: its ``spec.restartAt`` patch instead; before: none).
     """
     p = params
     if action is Action.LOWER_BATCH_CEILING:
@@ -80,9 +81,15 @@ def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str 
         )
         return target, None, after
     pod, namespace = p.get("pod", "?"), p.get("namespace")
+    if p.get("workload_kind") == "Rollout":  # Argo restarts the pods itself, one at a time
+        target = f"PATCH /apis/argoproj.io/v1alpha1/namespaces/{namespace}/rollouts/"
+        body: dict[str, object] = {"spec": {"restartAt": f"<now, for pod {pod}>"}}
+        return target + str(p.get("workload")), None, json.dumps(body, sort_keys=True) + "\n"
     body = {"apiVersion": "policy/v1", "kind": "Eviction",
             "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip
     target = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"
+    if p.get("workload_kind") == "LeaderWorkerSet":  # a group restarts as one unit
+        target += f" (the leader of {pod}'s group)"
     return target, None, json.dumps(body, sort_keys=True) + "\n"
 
 

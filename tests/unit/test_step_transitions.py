@@ -10,10 +10,11 @@ import pytest
 from detector.actuators.base import ActionResult, Operation, Status
 from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
-from detector.runbooks.definition import OnFailure
+from detector.runbooks.definition import Action, OnFailure
 from detector.runbooks.health import Health
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, plan
+from detector.runbooks.runner import dry_run_change
 from detector.runbooks.steps import Approval, StepRecord, StepState
 from detector.runbooks.transitions import (
     ACTUATOR_MOVES,
@@ -604,3 +605,19 @@ def test_a_dry_run_move_says_why_it_did_not_act_for_real() -> None:
         STEPS, approved, cond(live=True, actuated=frozenset({"lower_batch_ceiling"}))
     )
     assert live is not None and live.live and "[live]" in live.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "body"),
+    [
+        ("Deployment", "POST /api/v1/namespaces/llm/pods/a/eviction", '"kind": "Eviction"'),
+        ("LeaderWorkerSet", "(the leader of a's group)", '"kind": "Eviction"'),
+        ("Rollout", "PATCH /apis/argoproj.io/v1alpha1/namespaces/llm/rollouts/m", "restartAt"),
+    ],
+)
+def test_a_dry_run_restart_shows_what_the_controller_gets(
+    kind: str, target: str, body: str
+) -> None:
+    params = {"namespace": "llm", "workload": "m", "workload_kind": kind, "pod": "a"}
+    where, before, after = dry_run_change(Action.STAGGER_RESTARTS, params)
+    assert target in where and before is None and after is not None and body in after
