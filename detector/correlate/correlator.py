@@ -19,6 +19,15 @@ from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow
 from detector.events.model import Signal, SignalKind
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
+# ENGINE_CONFIG attr -> the VRAM fraction an engine reserves at start: vLLM
+# https://docs.vllm.ai/en/latest/configuration/conserving_memory.html, TGI
+# https://huggingface.co/docs/text-generation-inference/reference/launcher, SGLang
+# https://docs.sglang.ai/advanced_features/server_arguments.html
+RESERVATION_KEYS: Final = ("gpu_memory_utilization", "cuda_memory_fraction", "mem_fraction_static")
+# A reading this far over the reservation is still the engine's own: the CUDA context, NCCL
+# buffers and CUDA graphs lie outside vLLM's budget (~2-6 % of an 80 GiB GPU)
+RESERVATION_MARGIN: Final = 0.07
+CRASH_CAUSES_KEPT: Final = 64  # pods whose latest known crash cause is remembered
 RESOLVED_KEPT_PER_WORKLOAD: Final = 4  # views of resolved incidents kept for ``context``
 SWEEPS_PER_WINDOW: Final = 4  # idle pods are looked for this often per correlation window
 _LB = SignalKind.LB_RESPONSE
@@ -186,6 +195,13 @@ class Correlator:
         if not sig.pod:
             return []
         ws.engine_config[(sig.pod, ",".join(sorted(sig.attrs)))] = sig
+        for key in RESERVATION_KEYS:
+            fraction = sig.attrs.get(key)
+            if isinstance(fraction, int | float) and 0 < fraction <= 1:
+                engine = str(sig.attrs.get("engine") or ws.engine or "engine")
+                ws.reservations[sig.pod] = ws.reservations[""] = (engine, float(fraction))
+                if len(ws.reservations) > 64:  # bound: drop the oldest pod's
+                    del ws.reservations[next(p for p in ws.reservations if p)]
         if len(ws.engine_config) > 64:  # bound: drop the oldest
             del ws.engine_config[next(iter(ws.engine_config))]
         if ws.incident is None:
@@ -207,10 +223,44 @@ class Correlator:
             return []
         if ws.engine in PRE_RESERVING and ws.engine_metrics:
             return []  # VRAM sits near its reservation: KV cache, preemptions, queue decide
+        ratio = used / total
+        reserved = ws.reservations.get(sig.pod or "") or ws.reservations.get("")
+        if reserved is not None:
+            return self._reserved_memory(ws, sig, ratio, reserved)
         what = "GPU memory"
         if ws.engine in PRE_RESERVING:
             what = f"GPU memory ({ws.engine} pre-reserves VRAM; no KV-cache metrics in the input)"
-        return self._pressure(ws, sig, what, used / total, self.cfg.memory_ceiling)
+        return self._pressure(ws, sig, what, ratio, self.cfg.memory_ceiling)
+
+    def _reserved_memory(
+        self, ws: WorkloadState, sig: Signal, ratio: float, reserved: tuple[str, float]
+    ) -> list[Decision]:
+        """Judge a VRAM reading against the engine's own reservation, not the ceiling.
+
+        At (or under) the reservation plus ``RESERVATION_MARGIN`` the memory is what the engine
+        took at start: not pressure (the reason is kept in ``ws.reservation_note``); over it,
+        pressure, with the reservation in the signal's attrs.
+        """
+        engine, fraction = reserved
+        what = "GPU memory over the engine's reservation"
+        if ratio <= fraction + RESERVATION_MARGIN:
+            ws.reservation_note = (
+                f"VRAM {ratio:.0%} is {engine}'s own reservation {fraction:.2f} "
+                "(+ CUDA context): not pressure"
+            )
+            if sig.pod:
+                ws.at_ceiling.pop((sig.pod, what), None)
+            return []
+        marked = replace(sig, attrs={**sig.attrs, "engine": engine, "reservation": fraction})
+        return self._pressure(ws, marked, what, ratio, fraction + RESERVATION_MARGIN)
+
+    def _crash_cause(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        pod = sig.pod or ""
+        ws.crash_causes.pop(pod, None)
+        ws.crash_causes[pod] = sig
+        if len(ws.crash_causes) > CRASH_CAUSES_KEPT:  # bound: drop the oldest
+            del ws.crash_causes[next(iter(ws.crash_causes))]
+        return []
 
     def _engine_pressure(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         a, cfg, pod = sig.attrs, self.cfg, sig.pod or ""
@@ -385,4 +435,5 @@ _HANDLERS = {
     SignalKind.GPU_MEMORY: Correlator._gpu_memory,
     SignalKind.ENGINE_PRESSURE: Correlator._engine_pressure,
     SignalKind.ENGINE_CONFIG: Correlator._engine_config,
+    SignalKind.CRASH_CAUSE: Correlator._crash_cause,
 }

@@ -151,6 +151,9 @@ def on_surge_sustained(ws: WorkloadState, now: float, cfg: CorrelateSettings) ->
     assert src is not None
     inc = ws.incident
     survivors = ws.pods_at_ceiling(now, cfg.window_s)
+    causes = _recent_crash_causes(ws, now, cfg)
+    if inc is None:  # a pod that died of a known non-memory cause is no survivor at a ceiling
+        survivors = {p: s for p, s in survivors.items() if p not in causes}
     if inc is not None:
         survivors = {p: s for p, s in survivors.items() if p not in inc.victims}
         if inc.stage is Stage.SUSPECTED and inc.victims and survivors:
@@ -171,13 +174,52 @@ def on_surge_sustained(ws: WorkloadState, now: float, cfg: CorrelateSettings) ->
     recent_host = ws.last_host_oom_at is not None and now - ws.last_host_oom_at <= cfg.window_s
     if recent_oom or recent_host:
         return []
+    note = f"; {ws.reservation_note}" if ws.reservation_note else ""
+    if causes:
+        return [crash_cause_verdict(ws, causes, now, cfg, note)]
     reason = (
         f"{src.attrs.get('summary', '5xx surge')} sustained for {cfg.sustain_s:.0f} s "
         f"with no GPU OOM and no memory pressure in {ws.ref.label}: "
-        "a failing upstream or dependency, not a GPU OOM cascade"
+        "a failing upstream or dependency, not a GPU OOM cascade" + note
     )
     key = f"{ws.ref.label}:lb_5xx_without_gpu_oom@{int(ws.errors_above_since or now)}"
     return [VerdictRecorded(ws.ref, NOT_THIS_PATTERN, reason, now, src.source, key)]
+
+
+def _recent_crash_causes(
+    ws: WorkloadState, now: float, cfg: CorrelateSettings
+) -> dict[str, Signal]:
+    """Return pod -> its known non-memory crash cause seen within the window, no GPU OOM since."""
+    out: dict[str, Signal] = {}
+    for pod, sig in ws.crash_causes.items():
+        last_oom = ws.last_oom.get(pod)
+        if now - sig.time <= cfg.window_s and (last_oom is None or last_oom < sig.time - 60.0):
+            out[pod] = sig
+    return out
+
+
+def crash_cause_verdict(
+    ws: WorkloadState, causes: dict[str, Signal], now: float, cfg: CorrelateSettings, note: str
+) -> VerdictRecorded:
+    """Return the verdict for 5xx from pods that died of known non-memory causes."""
+    by_cause: dict[str, list[str]] = {}
+    for pod, sig in sorted(causes.items()):
+        by_cause.setdefault(str(sig.attrs.get("cause_text") or "a known fault"), []).append(pod)
+    named = "; ".join(
+        f"{cause} in pod{'s' if len(pods) > 1 else ''} {', '.join(pods)}"
+        for cause, pods in by_cause.items()
+    )
+    looping = sorted({c.pod for c in ws.crash_loops if c.pod and now - c.time <= cfg.window_s})
+    loop = f"; crash loop of {', '.join(looping)}" if looping else ""
+    src = ws.errors_above_source
+    surge = src.attrs.get("summary", "5xx surge") if src is not None else "5xx surge"
+    reason = (
+        f"pods crashed of a known non-memory cause: {named}{loop}; {surge}; "
+        "no GPU out-of-memory error in their logs: not a GPU OOM cascade" + note
+    )
+    first = min(causes.values(), key=lambda s: s.time)
+    key = f"{ws.ref.label}:crash_cause@{int(ws.errors_above_since or now)}"
+    return VerdictRecorded(ws.ref, NOT_THIS_PATTERN, reason, now, first.source, key)
 
 
 def on_host_oom(ws: WorkloadState, sig: Signal, cfg: CorrelateSettings) -> list[Decision]:
@@ -225,6 +267,10 @@ def pressure_summary(sig: Signal) -> str:
         return f"queue depth {a.get('requests_waiting')} requests waiting in pod {sig.pod}"
     ratio = a.get("ratio")
     value = f"{ratio:.0%}" if isinstance(ratio, float) else "?"
+    reservation = a.get("reservation")
+    if isinstance(reservation, float):
+        engine = a.get("engine") or "engine"
+        return f"VRAM {value} over {engine}'s reservation {reservation:.2f} in pod {sig.pod}"
     return f"{what} at {value} in pod {sig.pod}"
 
 

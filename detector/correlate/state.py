@@ -138,6 +138,12 @@ class WorkloadState:
     # GPU (uuid or node/index) -> (used bytes, free bytes, last seen)
     gpu_used: dict[str, tuple[int | None, int | None, float]] = field(default_factory=dict)
     incident: IncidentState | None = None
+    # pod -> (engine, VRAM fraction it reserves at start), from its startup lines; "" is the
+    # workload's latest, for GPU readings without a pod
+    reservations: dict[str, tuple[str, float]] = field(default_factory=dict)
+    reservation_note: str | None = None  # why the latest VRAM reading was not pressure
+    # pod -> its latest known non-memory crash cause (CUDA fault, NCCL timeout, Xid); capped
+    crash_causes: dict[str, Signal] = field(default_factory=dict)
     resolved: deque[str] = field(default_factory=deque)  # keys of resolved incidents kept
 
     def forget_idle(self, horizon: float) -> list[str]:

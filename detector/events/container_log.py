@@ -15,6 +15,7 @@ from typing import Any
 
 from detector.events.classify import NUMBER_FIELDS, Classification, OomClass, classify_line
 from detector.events.classify_patterns import GATE_TOKENS
+from detector.events.crash_causes import CRASH_GATE_TOKENS, crash_cause
 from detector.events.engine_lines import ENGINE_GATE_TOKENS, parse_engine_line
 from detector.events.model import LogLine, Signal, SignalKind, SourcePos
 from detector.events.multiline import MAX_LINE_CHARS, classify_long_line, record_findings
@@ -38,13 +39,29 @@ def signals_from_log_line(line: LogLine, source: SourcePos) -> list[Signal]:
     ambiguous=True when the text alone cannot decide, and quoted=True, ambiguous=True when the
     OOM text is another component's HTTP error body), ENGINE_DEAD (framework), HOST_OOM (reason,
     exit_code) from the classifier, and ENGINE_CONFIG / ENGINE_PRESSURE from
-    ``parse_engine_line``. Identity fields and time come from the ``LogLine``; ``text`` is the
-    line that decided, truncated to 2 KiB. A line is classified on its first and last
-    ``MAX_SCAN_CHARS`` characters, a multi-line record line by line (bounded windows).
+    ``parse_engine_line``; when none of these, CRASH_CAUSE (cause, cause_text, xid) from
+    ``detector.events.crash_causes``. Identity fields and time come from the ``LogLine``;
+    ``text`` is the line that decided, truncated to 2 KiB. A line is classified on its first
+    and last ``MAX_SCAN_CHARS`` characters, a multi-line record line by line (bounded windows).
     """
+    lower = line.text.lower()
+    out = _classified(line, source) if _may_carry_signal(lower) else []
+    if not out and _may_state_crash(lower):
+        out = _crash_cause(line, source)
+    return out
+
+
+def _crash_cause(line: LogLine, source: SourcePos) -> list[Signal]:
+    """Return a CRASH_CAUSE signal for the first line of the record that states one."""
+    for text in line.text[:MAX_SCAN_CHARS].splitlines():
+        attrs = crash_cause(text)
+        if attrs is not None:
+            return [replace(line, text=text).to_signal(SignalKind.CRASH_CAUSE, source, attrs)]
+    return []
+
+
+def _classified(line: LogLine, source: SourcePos) -> list[Signal]:
     text = line.text
-    if not _may_carry_signal(text.lower()):
-        return []
     out: list[Signal] = []
     if "\n" in text:
         for hit in record_findings(text):
@@ -65,6 +82,13 @@ def signals_from_log_line(line: LogLine, source: SourcePos) -> list[Signal]:
 def _may_carry_signal(lower: str) -> bool:
     # A plain loop: any() with a generator costs ~20% more on this per-line hot path.
     for token in _PREFILTER_TOKENS:  # noqa: SIM110
+        if token in lower:
+            return True
+    return False
+
+
+def _may_state_crash(lower: str) -> bool:
+    for token in CRASH_GATE_TOKENS:  # noqa: SIM110 (a plain loop, as above)
         if token in lower:
             return True
     return False

@@ -77,6 +77,7 @@ class SignalKind(StrEnum):
     GPU_MEMORY = "gpu_memory"  # framebuffer used/total of one GPU
     ENGINE_PRESSURE = "engine_pressure"  # KV-cache usage, queue depth, preemptions
     ENGINE_CONFIG = "engine_config"  # engine startup arguments / ceilings seen in its logs
+    CRASH_CAUSE = "crash_cause"  # a known non-memory crash cause (CUDA fault, NCCL, Xid)
 
 
 @slot_init
@@ -121,6 +122,8 @@ class Signal:
       requests_swapped, preemptions (running total), batch_max_tokens, metric, model
     - engine_config: engine, and any of max_num_seqs, max_num_batched_tokens, max_model_len,
       gpu_memory_utilization, enable_prefix_caching, kv_cache_bytes, max_concurrency ...
+    - crash_cause: cause (illegal_memory_access, device_side_assert, nccl_timeout, xid ...),
+      cause_text, xid
     """
 
     kind: SignalKind
