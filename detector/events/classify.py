@@ -53,7 +53,6 @@ _TABLES = (
     pat.AMBIGUOUS_RULES,
     pat.DEAD_RULES,
     pat.HOST_RULES,
-    pat.LOOKALIKE_RULES,
 )
 
 
@@ -79,7 +78,45 @@ def classify_line(text: str) -> Classification:
                     if pattern.search(text):
                         return _decide(text, lower, OomClass(verdict), framework, reason)
                     break
+    general = _general(text, lower)
+    if general is not None:
+        return general
+    for needles, pattern, verdict, framework, reason in pat.LOOKALIKE_RULES:
+        for needle in needles:
+            if needle in lower:
+                if pattern.search(text):
+                    return _decide(text, lower, OomClass(verdict), framework, reason)
+                break
     return NOT_GPU_OOM
+
+
+def _general(text: str, lower: str) -> Classification | None:
+    """Apply the general rule: a memory-exhaustion phrase with accelerator context.
+
+    An out-of-memory phrase ("out of memory", "OOM", "OutOfMemory", "resource exhausted")
+    with a backend, GPU library, device allocator or device index on the line is GPU_OOM, and
+    AMBIGUOUS without one; an allocation-failure phrase ("*_ALLOCATION_FAILED", "bad_alloc",
+    "could not be allocated", "Cannot allocate N") counts only with that context. Host
+    look-alikes (``classify_patterns.GENERAL_HOST``) stay out. ``None`` when the rule is silent.
+    """
+    for needle in pat.GENERAL_NEEDLES:
+        if needle in lower:
+            break
+    else:
+        return None
+    exhausted = pat.EXHAUSTED.search(text) is not None
+    if not exhausted and pat.ALLOC_FAILED.search(text) is None:
+        return None
+    if pat.GENERAL_HOST.search(text) is not None:
+        return None
+    if pat.ACCELERATOR.search(text) is not None:
+        framework = _refine(lower, pat.GENERAL_FRAMEWORK_HINTS, "cuda")
+        if framework == "cuda":
+            framework = _refine(lower, pat.CUDA_FRAMEWORK_HINTS, framework)
+        return _decide(text, lower, OomClass.GPU_OOM, framework, "general_accelerator_oom")
+    if exhausted:
+        return _decide(text, lower, OomClass.AMBIGUOUS, None, "general_oom_no_device")
+    return None
 
 
 def _decide(
@@ -195,7 +232,10 @@ def _first_size(text: str, patterns: tuple[re.Pattern[str], ...]) -> int | None:
 # bytes" (https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDAMallocAsyncAllocator.cpp);
 # TensorRT: "Requested amount of GPU memory (13476831488 bytes)"; TensorRT-LLM: "Total GPU
 # memory (GiB): 140.06", "Free GPU memory before component creation attempt (GiB): 108.86"
-# (https://github.com/NVIDIA/TensorRT-LLM/issues/5872).
+# (https://github.com/NVIDIA/TensorRT-LLM/issues/5872); MPS "max allowed: 6.80 GB"
+# (https://github.com/Comfy-Org/ComfyUI/issues/2489); PaddlePaddle "Cannot allocate 1.53GB memory
+# on GPU 0, available memory is only 416.62MB" (https://github.com/PaddlePaddle/Paddle/issues/26892);
+# Theano "Driver report N bytes free and N bytes total" (https://github.com/Theano/Theano/issues/1814).
 # bounded: int() and float() of it never fail; "8,589,934,592" (CuPy) keeps its groups
 _NUM = r"(\d{1,3}(?:,\d{3}){1,6}(?![\d.])|\d{1,20}(?:\.\d{1,20})?)"
 _UNIT = r"\s*(bytes|[KMGTP]i?B\b|[KMGTP]\b|B\b)"
@@ -203,7 +243,8 @@ _N, _U = r"(?P<num>\d{1,20}(?:\.\d{1,20})?)", r"\s*(?P<unit>bytes|[KMGTP]i?B\b|[
 _I = re.IGNORECASE
 SIZE_TRIED: Final = re.compile(
     r"(?:tried to allocate|trying to allocate|allocate request for|failed to allocate"
-    r"|requested\s*:|buffer of size|allocating|CUDA c?alloc|requested amount of GPU memory \()\s*"
+    r"|requested\s*:|buffer of size|allocating|CUDA c?alloc|cannot allocate|memory to allocate"
+    r"|requested amount of (?:GPU )?memory \()\s*"
     + _NUM
     + r"(?:"
     + _UNIT
@@ -215,12 +256,16 @@ SIZE_CAPACITY: Final = (
     re.compile(r"(?<![\d.])" + _N + _U + r" total capacity", _I),
     re.compile(r"Device limit\s*:\s*" + _N + _U, _I),
     re.compile(r"Total GPU memory \((?P<unit>[KMGT]iB)\):\s*" + _N, _I),
+    re.compile(r"max allowed:\s*" + _N + _U, _I),  # MPS
+    re.compile(r"free and\s*" + _N + _U + r" total", _I),  # Theano
 )
 SIZE_FREE: Final = (
     re.compile(r"of which\s*" + _N + _U + r" is free", _I),
     re.compile(r"Free \(according to CUDA\)\s*:\s*" + _N + _U, _I),
     re.compile(r"(?<![\d.])" + _N + r"\s*(?P<unit>[KMGTP]i?B|bytes) free[;,)]"),
     re.compile(r"Free GPU memory before [\w ]{0,40}\((?P<unit>[KMGT]iB)\):\s*" + _N, _I),
+    re.compile(r"available memory is only\s*" + _N + _U, _I),  # PaddlePaddle
+    re.compile(r"Driver report\s*" + _N + _U + r" free", _I),  # Theano
 )
 # vLLM: "Free memory on device cuda:0 (36.75/121.63 GiB) on startup ..."
 FREE_OF_TOTAL: Final = re.compile(

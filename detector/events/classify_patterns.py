@@ -111,7 +111,13 @@ SOURCE_LINE: Final = re.compile(r"(?:^|[\s\]|])raise [\w.]+\(")
 
 # Wordings that are certainly a GPU OOM even when the line also carries a hint.
 STRONG: Final = _rules(
-    (OOM, r"\b(?:CUDA|HIP|XPU) out of memory\. Tried to allocate", GPU, "pytorch", "pytorch_oom"),
+    (
+        OOM,
+        r"\b(?:CUDA|HIP|XPU|NPU) out of memory\. Tried to allocate|\bMPS backend out of memory",
+        GPU,
+        "pytorch",
+        "pytorch_oom",
+    ),
     (
         ("outofmemoryerror",),
         r"OutOfMemoryError: (?:CUDA|HIP|XPU|Allocation on device)",
@@ -246,6 +252,13 @@ GPU_RULES: Final = _rules(
         "library_alloc_failed",
     ),
     (OOM, r"Cuda failure '?out of memory", GPU, "nccl", "nccl_cuda_failure"),
+    (  # CuPy/Chainer: https://github.com/cupy/cupy/issues/1912, .../issues/2537
+        OOM,
+        r"\bout of memory (?:to allocate|allocating) [\d,]+ bytes \((?:total|allocated so far)",
+        GPU,
+        "cupy",
+        "cupy_pool_oom",
+    ),
     (("failed to cuda",), r"Failed to CUDA c?alloc \d+ bytes", GPU, "nccl", "nccl_cuda_alloc"),
     (
         ("resource_exhausted",),
@@ -471,3 +484,74 @@ CUDA_FRAMEWORK_HINTS: Final = (
     ("curand", "curand"),
 )
 JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
+
+# The general rule, for the wordings no table above names: a memory-exhaustion phrase or status
+# together with accelerator context on the line. Families it covers, with sources:
+# glog "Check failed: error == cudaSuccess (2 vs. 0)  out of memory" (Caffe, old Paddle:
+# https://github.com/houqb/DSS/issues/25); cuRAND/cuBLAS/cuDNN/cuFFT/cuSOLVER
+# "*_ALLOC(ATION)_FAILED" (https://github.com/BVLC/caffe/issues/1026); "<backend> out of
+# memory" for MPS, NPU, XPU, HIP (https://github.com/pytorch/pytorch/issues/130112,
+# https://github.com/vllm-project/vllm-ascend/issues/19); OpenCV's CUDA module "(-217:Gpu API
+# call) out of memory in function" (https://github.com/opencv/opencv/issues/15128); RAPIDS
+# RMM and thrust "std::bad_alloc: out_of_memory: CUDA error", "thrust::system::detail::bad_alloc"
+# (https://github.com/NVIDIA/cudf/issues/10517, https://github.com/NVIDIA/cccl/issues/2092);
+# PaddlePaddle "Out of memory error on GPU 0. Cannot allocate ..."
+# (https://github.com/PaddlePaddle/Paddle/issues/26892); Theano "Error allocating N bytes of
+# device memory (out of memory)" (https://github.com/Theano/Theano/issues/1814); TensorRT
+# "[TRT] ... OutOfMemory", "Requested amount of memory (N bytes) could not be allocated"
+# (https://github.com/NVIDIA-AI-IOT/torch2trt/issues/661). Without accelerator context the
+# out-of-memory phrases alone are AMBIGUOUS (TensorFlow's "Ran out of memory trying to
+# allocate" names no device: https://github.com/tensorflow/tensorflow/issues/4735); the
+# allocation-failure phrases and bad_alloc alone are host look-alikes.
+GENERAL_NEEDLES: Final = ("mem", "alloc", "exhaust", "oom")
+# Phrases that mean memory ran out whatever the context.
+EXHAUSTED: Final = re.compile(
+    r"out[ _-]?of[ _-]?memory|\bOOM\b|ran out of (?:\w+ )?memory",
+    _I,
+)
+# Phrases that mean an allocation failed: memory exhaustion only with accelerator context.
+ALLOC_FAILED: Final = re.compile(
+    r"\balloc(?:ation)?[ _]failed|_ALLOC(?:ATION)?_FAILED|\bbad_?alloc\b|could not be allocated"
+    r"|(?:cannot|can't|failed to|unable to) allocate|\berror allocating|maximum pool size exceeded"
+    r"|insufficient (?:\w+ )?memory",
+    _I,
+)
+# Accelerator context: a backend, a GPU runtime or library, a device allocator, a device index.
+ACCELERATOR: Final = re.compile(
+    r"\bcu(?:da|Mem|blas|dnn|fft|rand|sparse|solver)\w*|\bCU(?:BLAS|DNN|FFT|RAND|SPARSE|SOLVER)_"
+    r"|\bhip\w*|\brocm|\bMPS\b|\bNPU\b|\bXPU\b|\bTPU\b|\bGPU|\bgpu_?\w*|\bVRAM\b|\bdevice memory"
+    r"|\brmm\b|rmm::|thrust::|TensorRT|\[TRT\]|nvinfer|\bcupy\b|\bNCCL\b|caching allocator",
+    _I,
+)
+# Host-side look-alikes that carry the same phrases (sources in the held-out fixture,
+# tests/unit/fixtures/oom_general_*.jsonl): Java and V8 heaps, ENOMEM's strerror text,
+# OpenCV's host allocator, NumPy, TensorFlow's CPU allocator, shared memory, pinned host
+# memory (Triton: https://github.com/triton-inference-server/server/issues/7222), no device.
+GENERAL_HOST: Final = re.compile(
+    r"java\.lang\.OutOfMemoryError|Java heap|JavaScript heap|heap limit|\bv8::"
+    r"|Errno 12|Cannot allocate memory\b|cv::OutOfMemoryError|Unable to allocate .{1,40} array"
+    r"|device:CPU|allocator cpu\b|CPUAllocator|shared memory|\bshm\b|illegal memory access"
+    r"|\bpinned\b|driver version is insufficient|no CUDA-capable|No CUDA GPUs",
+    _I,
+)
+# Framework hints for a general-rule match: (lower-case token, framework).
+GENERAL_FRAMEWORK_HINTS: Final = (
+    ("mps", "pytorch_mps"),
+    ("npu", "torch_npu"),
+    ("xpu", "pytorch_xpu"),
+    ("paddle", "paddle"),
+    ("out of memory error on gpu", "paddle"),
+    ("opencv", "opencv"),
+    ("gpu api call", "opencv"),
+    ("rmm", "rapids_rmm"),
+    ("thrust", "thrust"),
+    ("cupy", "cupy"),
+    ("gpuarray", "theano"),
+    ("device memory (out of memory)", "theano"),
+    ("cudandarray", "theano"),
+    ("[trt]", "tensorrt"),
+    ("tensorrt", "tensorrt"),
+    ("check failed", "caffe"),
+    ("hip", "rocm"),
+    ("rocm", "rocm"),
+)
