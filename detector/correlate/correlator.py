@@ -244,10 +244,11 @@ class Correlator:
         engine, fraction = reserved
         what = "GPU memory over the engine's reservation"
         if ratio <= fraction + RESERVATION_MARGIN:
-            ws.reservation_note = (
-                f"VRAM {ratio:.0%} is {engine}'s own reservation {fraction:.2f} "
-                "(+ CUDA context): not pressure"
-            )
+            if ratio >= self.cfg.memory_ceiling:  # the ceiling alone would have called it pressure
+                ws.reservation_note = (
+                    f"VRAM {ratio:.0%} is {engine}'s own reservation {fraction:.2f} "
+                    "(+ CUDA context): not pressure"
+                )
             if sig.pod:
                 ws.at_ceiling.pop((sig.pod, what), None)
             return []

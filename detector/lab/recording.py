@@ -7,6 +7,11 @@ and the seed, no clock, no I/O besides the files written. Scenarios (see ``examp
 - ``cascade``: four vLLM pods of ``llm/vllm-llama`` die of CUDA OOM one after another;
 - ``host-oom``: ``batch/embedder`` pods crash-loop OOMKilled (host RAM, exit 137): a look-alike;
 - ``upstream-5xx``: ``shop/reranker`` answers 502/503/504 while its database is away.
+
+``EXTRA_SCENARIOS`` are written on request only (``--scenario``), not into ``examples/``:
+
+- ``illegal-address``: ``llm/vllm-qwen`` pods crash-loop on a CUDA illegal memory access with
+  VRAM at vLLM's own reservation: a look-alike (``recording_crashes``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from detector.lab import recorder as r
 from detector.lab import recorder_traffic as tr
+from detector.lab import recording_crashes as crashes
 from detector.lab import recording_lookalikes as lookalikes
 from detector.lab import wordings as w
 from detector.lab.recorder import Pod, Recorder
@@ -24,6 +30,7 @@ from detector.lab.recorder_traffic import Ingress, Outcome
 
 START = 1741942800.0  # 2025-03-14T09:00:00Z
 SCENARIOS = ("cascade", "host-oom", "upstream-5xx")
+EXTRA_SCENARIOS = ("illegal-address",)  # not in examples/: written with --scenario only
 
 VLLM_IMAGE = "docker.io/vllm/vllm-openai:v0.10.1.1"
 LLM_UPSTREAM, LLM_HOST = "llm-vllm-llama-8000", "llm.example.com"
@@ -47,9 +54,11 @@ def write_recording(
         "cascade": _cascade,
         "host-oom": lookalikes.host_oom,
         "upstream-5xx": lookalikes.upstream_5xx,
+        "illegal-address": crashes.illegal_address,
     }
     if scenario not in builders:
-        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+        known = ", ".join(SCENARIOS + EXTRA_SCENARIOS)
+        raise ValueError(f"unknown scenario {scenario!r}; one of {known}")
     if scale < 1:
         raise ValueError(f"scale must be >= 1, not {scale}")
     rec = Recorder(f"{scenario}/{seed}", start)
@@ -218,7 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write recorded streams in real wire formats.",
     )
     parser.add_argument("--out", type=Path, required=True, help="folder; writes OUT/<scenario>/")
-    parser.add_argument("--scenario", choices=SCENARIOS, action="append", help="default: all")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS + EXTRA_SCENARIOS,
+        action="append",
+        help=f"default: {', '.join(SCENARIOS)}",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--scale", type=int, default=1, help="healthy noise multiplier")
     parser.add_argument("--start", type=float, default=START, help="epoch seconds of offset 0")
