@@ -99,17 +99,16 @@ def _general(text: str, lower: str) -> Classification | None:
     "could not be allocated", "Cannot allocate N") counts only with that context. Host
     look-alikes (``classify_patterns.GENERAL_HOST``) stay out. ``None`` when the rule is silent.
     """
-    for needle in pat.GENERAL_NEEDLES:
-        if needle in lower:
-            break
-    else:
-        return None
-    exhausted = pat.EXHAUSTED.search(text) is not None
-    if not exhausted and pat.ALLOC_FAILED.search(text) is None:
-        return None
+    exhausted = _exhausted(lower, text)
+    if not exhausted:
+        for phrase in pat.ALLOC_FAILED:
+            if phrase in lower:
+                break
+        else:
+            return None
     if pat.GENERAL_HOST.search(text) is not None:
         return None
-    if pat.ACCELERATOR.search(text) is not None:
+    if _has_accelerator(lower, text):
         framework = _refine(lower, pat.GENERAL_FRAMEWORK_HINTS, "cuda")
         if framework == "cuda":
             framework = _refine(lower, pat.CUDA_FRAMEWORK_HINTS, framework)
@@ -132,6 +131,22 @@ def _decide(
     if _echoes_request(lower, text):
         return Classification(OomClass.NOT_GPU_OOM, reason="request_payload")
     return _build(text, lower, verdict, framework, reason)
+
+
+def _exhausted(lower: str, text: str) -> bool:
+    for phrase in pat.EXHAUSTED_PHRASES:
+        if phrase in lower:
+            return True
+    if "oom" in lower or "ran out of" in lower:
+        return pat.EXHAUSTED.search(text) is not None
+    return False
+
+
+def _has_accelerator(lower: str, text: str) -> bool:
+    for needle in pat.ACCELERATOR_NEEDLES:
+        if needle in lower:
+            return pat.ACCELERATOR.search(text) is not None
+    return False
 
 
 def _echoes_request(lower: str, text: str) -> bool:

@@ -503,20 +503,51 @@ JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
 # out-of-memory phrases alone are AMBIGUOUS (TensorFlow's "Ran out of memory trying to
 # allocate" names no device: https://github.com/tensorflow/tensorflow/issues/4735); the
 # allocation-failure phrases and bad_alloc alone are host look-alikes.
-GENERAL_NEEDLES: Final = ("mem", "alloc", "exhaust", "oom")
-# Phrases that mean memory ran out whatever the context.
-EXHAUSTED: Final = re.compile(
-    r"out[ _-]?of[ _-]?memory|\bOOM\b|ran out of (?:\w+ )?memory",
-    _I,
+# Phrases that mean memory ran out whatever the context: lower-case substrings, then the regex
+# for the ones that need a word boundary ("OOM", not "room") or a gap ("ran out of GPU memory").
+EXHAUSTED_PHRASES: Final = ("out of memory", "out_of_memory", "outofmemory", "out-of-memory")
+EXHAUSTED: Final = re.compile(r"\bOOM\b|ran out of (?:\w+ )?memory", _I)
+# Phrases that mean an allocation failed (lower-case substrings, a plain scan being cheaper than
+# a case-blind regex): memory exhaustion only with accelerator context.
+ALLOC_FAILED: Final = (
+    "alloc failed",
+    "allocation failed",
+    "alloc_failed",
+    "allocation_failed",
+    "bad_alloc",
+    "badalloc",
+    "could not be allocated",
+    "cannot allocate",
+    "can't allocate",
+    "failed to allocate",
+    "unable to allocate",
+    "error allocating",
+    "maximum pool size exceeded",
+    "insufficient memory",
+    "insufficient gpu memory",
+    "insufficient device memory",
 )
-# Phrases that mean an allocation failed: memory exhaustion only with accelerator context.
-ALLOC_FAILED: Final = re.compile(
-    r"\balloc(?:ation)?[ _]failed|_ALLOC(?:ATION)?_FAILED|\bbad_?alloc\b|could not be allocated"
-    r"|(?:cannot|can't|failed to|unable to) allocate|\berror allocating|maximum pool size exceeded"
-    r"|insufficient (?:\w+ )?memory",
-    _I,
+# Accelerator context: a backend, a GPU runtime or library, a device allocator, a device index;
+# ACCELERATOR_NEEDLES are lower-case substrings of every match (the cheap check first).
+ACCELERATOR_NEEDLES: Final = (
+    "cu",
+    "hip",
+    "rocm",
+    "mps",
+    "npu",
+    "xpu",
+    "tpu",
+    "gpu",
+    "vram",
+    "device memory",
+    "rmm",
+    "thrust::",
+    "tensorrt",
+    "[trt]",
+    "nvinfer",
+    "nccl",
+    "caching allocator",
 )
-# Accelerator context: a backend, a GPU runtime or library, a device allocator, a device index.
 ACCELERATOR: Final = re.compile(
     r"\bcu(?:da|Mem|blas|dnn|fft|rand|sparse|solver)\w*|\bCU(?:BLAS|DNN|FFT|RAND|SPARSE|SOLVER)_"
     r"|\bhip\w*|\brocm|\bMPS\b|\bNPU\b|\bXPU\b|\bTPU\b|\bGPU|\bgpu_?\w*|\bVRAM\b|\bdevice memory"
