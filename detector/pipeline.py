@@ -25,7 +25,7 @@ from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init
 from detector.events.reader import iter_files, read_records
-from detector.events.sources.raw_text import LogIdentity
+from detector.events.sources.raw_text import LogIdentity, dated_time
 from detector.incidents import service
 from detector.incidents.flows import IncidentRecorder, answer, decision_time
 from detector.incidents.models import DeadLetter, Incident
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 COMMIT_EVERY = 5000  # records per database transaction
 MAX_JUMP_S = 3600.0  # a record this far ahead of its own stream has a broken clock
 JUMP_VOTES = 2  # records that must disagree with a jump before it is called broken
+DATED_LOOKS = 1000  # records without signals looked at for a date before a stream has a clock
 MIN_TIME = 946_684_800.0  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
 
 
@@ -62,12 +63,16 @@ def parse_checked(
     default_time: float | None,
     max_time: float,
     identity: LogIdentity | None = None,
+    not_after: float | None = None,
 ) -> list[Signal]:
     """Parse one record and check its event time (Unix seconds) lies in 2000..``max_time``.
 
+    ``not_after`` bounds the year or date completed for stamps without one (``parse_record``).
     Raises ParseError (``parse_record``'s reasons, or ``timestamp_out_of_range``).
     """
-    signals = parse_record(raw, source, default_time=default_time, identity=identity)
+    signals = parse_record(
+        raw, source, default_time=default_time, identity=identity, not_after=not_after
+    )
     if signals and not MIN_TIME <= signals[0].time <= max_time:
         raise ParseError("timestamp_out_of_range", f"event time {signals[0].time:.0f}")
     return signals
@@ -89,21 +94,37 @@ def parse_stream(
     broken clock and is rejected (``timestamp_jump``) instead of stalling the whole stream;
     as soon as one follows it, the stream really moved on and it is kept.
 
-    ``start_time`` (e.g. the file's modification time) dates records that carry no date or
-    year until the stream has a clock; ``identity`` names the pod of plain-text lines.
+    ``start_time`` (e.g. the file's modification time) dates records that carry no time until
+    the stream has a clock. A stamp without a year (or date) takes it from the clock (the
+    stream's own dated records: a shipper's envelope, the lines before it; until the stream has
+    a clock, also the first of its first ``DATED_LOOKS`` records without signals that carries a
+    date), else from ``start_time``, and is never put after ``start_time`` (nor ``max_time``):
+    the year that keeps it at or before. ``identity`` names the pod of plain-text lines.
     """
+    not_after = min(start_time, max_time) if start_time is not None else max_time
+    dated: float | None = None  # the first dated record's time, while the stream has no clock
+    looks = DATED_LOOKS
     clock = 0.0
     held: Parsed | None = None
     against = 0  # records since ``held`` that fell far behind it
     for source, raw in records:
         try:
             signals = parse_checked(
-                raw, source, default_time=clock or start_time, max_time=max_time, identity=identity
+                raw,
+                source,
+                default_time=clock or dated or start_time,
+                max_time=max_time,
+                identity=identity,
+                not_after=not_after,
             )
         except ParseError as exc:
             yield Parsed(clock, source, raw, [], exc)
             continue
         if not signals:
+            if not clock and dated is None and looks:  # a dated record without signals
+                dated, looks = dated_time(raw), looks - 1
+                if dated is not None and not MIN_TIME <= dated <= max_time:
+                    dated = None  # a broken clock gives no year
             yield Parsed(clock, source, raw, signals)
             continue
         t = signals[0].time
@@ -126,13 +147,18 @@ def parse_stream(
 
 
 def merged(paths: Iterable[str | Path], identity: LogIdentity | None = None) -> Iterator[Parsed]:
-    """Merge the parsed streams of all files by event time (times up to a day from now)."""
-    max_time = time.time() + 86400.0
+    """Merge the parsed streams of all files by event time (times up to a day from now).
+
+    A file's records without a year or date are completed no later than its modification
+    time or now, whichever is earlier (``parse_stream``'s ``start_time``).
+    """
+    now = time.time()
+    max_time = now + 86400.0
     streams = [
         parse_stream(
             read_records([path]),
             max_time=max_time,
-            start_time=path.stat().st_mtime,
+            start_time=min(path.stat().st_mtime, now),
             identity=identity,
         )
         for path in iter_files(paths)

@@ -75,11 +75,14 @@ def parse_record(
     default_time: float | None = None,
     max_bytes: int = MAX_RECORD_BYTES,
     identity: LogIdentity | None = None,
+    not_after: float | None = None,
 ) -> list[Signal]:
     """Parse one record (a Kafka message value or a file line) into its signals.
 
     ``default_time`` (Unix seconds; e.g. the Kafka record or scrape time) times records that
-    carry no time of their own (and gives the year to year-less log timestamps).
+    carry no time of their own (and gives the year to year-less log timestamps, which are
+    never put after ``not_after``: the file's modification time or the wall clock; by default
+    ``default_time``; see ``timeparse.complete_month_day``).
     ``identity`` is the identity of plain-text lines in no known format (the workload given on
     the command line): they become container log lines of it, timed by their leading
     timestamp or ``default_time``; it is also the fallback identity of CRI and Docker lines
@@ -103,8 +106,8 @@ def parse_record(
             raise ParseError("not_utf8", f"invalid UTF-8 at byte {exc.start}") from None
     stripped = text.strip()
     if stripped[:1] == "{":  # most records: straight to the JSON path of _parse_text
-        return _from_json_text(stripped, source, default_time, identity)
-    return _parse_text(stripped, source, default_time, identity)
+        return _from_json_text(stripped, source, default_time, identity, not_after)
+    return _parse_text(stripped, source, default_time, identity, not_after)
 
 
 def _is_document(raw: bytes | str) -> bool:
@@ -121,32 +124,41 @@ def _is_document(raw: bytes | str) -> bool:
 
 
 def _parse_text(
-    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+    stripped: str,
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    not_after: float | None = None,
 ) -> list[Signal]:
     if not stripped:
         return []
     first = stripped[0]
     if first in "{[":
-        return _from_json_text(stripped, source, default_time, identity)
+        return _from_json_text(stripped, source, default_time, identity, not_after)
     if first == "\ufeff":  # byte-order marks, however many: strip, never recurse per mark
-        return _parse_text(stripped.lstrip("\ufeff \t\r\n"), source, default_time, identity)
+        rest = stripped.lstrip("\ufeff \t\r\n")
+        return _parse_text(rest, source, default_time, identity, not_after)
     if "\n" in stripped:  # a multi-line document the file reader yields whole
         head = stripped[:4096]
         if is_nvidia_smi_table(head):
             return signals_from_nvidia_smi_table(stripped, source, default_time=default_time)
         if is_kubectl_text(head):
             return signals_from_kubectl_text(stripped, source, default_time=default_time)
-    return _from_text(stripped, source, default_time, identity)
+    return _from_text(stripped, source, default_time, identity, not_after)
 
 
 def _from_json_text(
-    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+    stripped: str,
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    not_after: float | None = None,
 ) -> list[Signal]:
     try:
         obj = _loads(stripped)
     except (ValueError, RecursionError) as exc:
         if stripped[0] == "[":
-            signals = _bracketed_text(stripped, source, default_time, identity)
+            signals = _bracketed_text(stripped, source, default_time, identity, not_after)
             if signals is not None:
                 return signals
             if stripped[1:2] not in _JSON_ARRAY_STARTS:  # "[04:40:55 TP0] ...": text, not JSON
@@ -194,7 +206,11 @@ def _skip_json_space(text: str, pos: int) -> int:
 
 
 def _bracketed_text(
-    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+    stripped: str,
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    not_after: float | None = None,
 ) -> list[Signal] | None:
     """Parse a line that starts with ``[`` but is no JSON; None when it is nothing known."""
     prefixed = split_kubectl_prefix(stripped)
@@ -206,14 +222,18 @@ def _bracketed_text(
         if rest[:1] not in ("{", "["):  # the pod's own line; JSON is a shipper's record
             base = identity or LogIdentity(namespace=None, pod=None)
             identity = replace(base, pod=pod, container=container)
-        return _parse_text(rest, source, default_time, identity)
+        return _parse_text(rest, source, default_time, identity, not_after)
     if identity is not None:
-        return _from_text(stripped, source, default_time, identity)
+        return _from_text(stripped, source, default_time, identity, not_after)
     return signals_from_csv_line(stripped, source, default_time=default_time)  # "[N/A], ..."
 
 
 def _from_text(
-    stripped: str, source: SourcePos, default_time: float | None, identity: LogIdentity | None
+    stripped: str,
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    not_after: float | None = None,
 ) -> list[Signal]:
     """Parse a text line: CRI, access lines, nvidia-smi CSV, exposition, then plain text."""
     if stripped[:1].isdigit():
@@ -234,7 +254,7 @@ def _from_text(
     except ParseError:
         if identity is None:
             raise
-    line = parse_raw_line(stripped, identity, default_time=default_time)
+    line = parse_raw_line(stripped, identity, default_time=default_time, not_after=not_after)
     return signals_from_log(line, source)
 
 

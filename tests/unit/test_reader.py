@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import SourcePos
-from detector.events.reader import iter_files, read_records, total_bytes
+from detector.events.reader import LINE_MAX_BYTES, iter_files, read_records, total_bytes
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -155,3 +156,49 @@ def test_human_readable_documents_are_one_record(tmp_path: Path, text: str) -> N
 def test_other_text_stays_line_based(tmp_path: Path, text: str) -> None:
     path = _write(tmp_path / "log.txt", text.encode())
     assert len(list(read_records([path]))) == text.count("\n")
+
+
+def test_gzip_files_are_read_as_their_text_whatever_the_name(tmp_path: Path) -> None:
+    text = b'{"a": 1}\n\n  \r\nsecond\r\nthird'
+    plain = list(read_records([_write(tmp_path / "plain.log", text)]))
+    for name in ("rotated.log.gz", "0.log.20240101-000000.gz", "no-suffix.log"):
+        path = _write(tmp_path / "gz" / name, gzip.compress(text))
+        got = list(read_records([path]))
+        assert got == [(SourcePos(str(path), pos.position), raw) for pos, raw in plain]
+
+
+def test_a_gzipped_document_is_one_record(tmp_path: Path) -> None:
+    doc = b'{\n  "kind": "PodList",\n  "items": []\n}\n'
+    path = _write(tmp_path / "pods.json.gz", gzip.compress(doc))
+    assert list(read_records([path])) == [(SourcePos(str(path), 1), doc)]
+
+
+def test_a_gzip_file_cut_short_yields_its_lines_up_to_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = [f"line {i} {'x' * 40}".encode() for i in range(2000)]
+    whole = gzip.compress(b"\n".join(lines) + b"\n")
+    path = _write(tmp_path / "cut.log.gz", whole[: len(whole) // 2])
+    got = [raw for _, raw in read_records([path])]
+    assert 0 < len(got) < len(lines) and got == lines[: len(got)]
+    assert "cut short" in caplog.text
+
+
+def test_total_bytes_counts_the_text_of_a_gzip_file(tmp_path: Path) -> None:
+    text = b"hello world\n" * 1000
+    _write(tmp_path / "a.log.gz", gzip.compress(text))
+    assert total_bytes([tmp_path]) == len(text)
+
+
+def test_a_line_over_the_limit_is_cut_and_rejected_without_being_held(tmp_path: Path) -> None:
+    long = b"x" * (LINE_MAX_BYTES * 3 + 5)
+    path = _write(tmp_path / "long.log.gz", gzip.compress(b"first\n" + long + b"\nlast\n"))
+    records = list(read_records([path]))
+    assert [(pos.position, len(raw)) for pos, raw in records] == [
+        (1, 5),
+        (2, LINE_MAX_BYTES),
+        (3, 4),
+    ]
+    with pytest.raises(ParseError) as err:
+        parse_record(records[1][1], records[1][0])
+    assert err.value.reason == "too_large"

@@ -13,21 +13,29 @@ line's own leading timestamp when it has one:
   https://github.com/kubernetes/klog/blob/main/klog.go (header format)
 - SGLang's ``[09:00:01 TP0]`` (time of day only).
 
-A year or date the line lacks is taken from ``default_time`` (the nearest such time to it).
+A year or date the line lacks is completed from ``default_time`` (the stream's latest dated
+record, else the file's time): the year (day) that puts the line nearest it, never after
+``not_after`` (the file's modification time or the wall clock; ``default_time`` when not
+given), see ``timeparse.complete_month_day``.
 ``kubectl logs --prefix`` lines (``[pod/<pod>/<container>] ...``, older ``[<pod> <container>]``)
 name their pod and container; ``split_kubectl_prefix`` takes that prefix off.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from detector.errors import ParseError
 from detector.events.model import LogLine
-from detector.events.sources.timeparse import first_time, parse_iso8601
+from detector.events.sources.timeparse import (
+    complete_month_day,
+    complete_time_of_day,
+    first_time,
+    parse_iso8601,
+)
 
 _PROCESS = re.compile(r"\([A-Za-z_][\w .,=:-]{0,80}\) ")  # "(EngineCore pid=112) "
 _ISO = re.compile(
@@ -44,9 +52,11 @@ _KUBECTL_PREFIX = re.compile(
     r"\[(?:pod/([a-z0-9][-a-z0-9.]{0,252})/([a-z0-9][-a-z0-9]{0,62})"
     r"|([a-z0-9][-a-z0-9.]{0,252}) ([a-z0-9][-a-z0-9]{0,62}))\] "
 )
-_DAY_S = 86400.0
+_MAX_DEFAULT = 253402300799.0  # 9999-12-31T23:59:59Z
 _MESSAGE_KEYS = ("message", "msg", "log")
 _TIME_KEYS = ("timestamp", "time", "@timestamp", "ts")
+_DATED_KEYS = ("@timestamp", "time", "date", "timestamp", "ts")
+_DATED_HEAD_BYTES = 160
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +83,13 @@ class LogIdentity:
         return (kind, name) if sep and kind and name else ("Deployment", self.workload)
 
 
-def parse_raw_line(text: str, identity: LogIdentity, *, default_time: float | None) -> LogLine:
+def parse_raw_line(
+    text: str,
+    identity: LogIdentity,
+    *,
+    default_time: float | None,
+    not_after: float | None = None,
+) -> LogLine:
     """Return a plain log line as a LogLine of ``identity``, timed by its leading timestamp.
 
     Time: see ``leading_time``. Raises ``ParseError("missing_timestamp")`` when the line has no
@@ -81,7 +97,7 @@ def parse_raw_line(text: str, identity: LogIdentity, *, default_time: float | No
     ``"bad_timestamp"`` for a leading timestamp that is not a real time. Formats: the module
     docstring; e.g. https://github.com/vllm-project/vllm/blob/main/vllm/logger.py
     """
-    return _line(text, leading_time(text, default_time), identity)
+    return _line(text, leading_time(text, default_time, not_after), identity)
 
 
 def parse_json_app_line(
@@ -104,8 +120,11 @@ def parse_json_app_line(
     return _line(message, time, identity)
 
 
-def leading_time(text: str, default_time: float | None) -> float:
+def leading_time(text: str, default_time: float | None, not_after: float | None = None) -> float:
     """Return the Unix time of the timestamp ``text`` starts with, else ``default_time``.
+
+    A stamp without a year or date is completed near ``default_time`` and never after
+    ``not_after`` (default: ``default_time``) plus ``timeparse.ZONE_SLACK_S``.
 
     Raises ``ParseError("missing_timestamp")`` / ``("bad_timestamp")`` as ``parse_raw_line``.
     Formats: the module docstring; https://www.rfc-editor.org/rfc/rfc3339 ,
@@ -122,12 +141,36 @@ def leading_time(text: str, default_time: float | None) -> float:
             stamp = f"{m[1]}T{m[2]}.{m[3] or '0'}{m[4] or ''}"
             return parse_iso8601(stamp)
         if m := _CLOCK.match(head):
-            return _time_of_day(int(m[1]), int(m[2]), int(m[3]), default_time)
+            return _time_of_day(int(m[1]), int(m[2]), int(m[3]), default_time, not_after)
     elif first.isupper() and (m := _KLOG.match(head) or _VLLM.match(head)):
-        return _month_day_time(m, default_time)
+        return _month_day_time(m, default_time, not_after)
     if default_time is None:
         raise ParseError("missing_timestamp", "plain line without a timestamp or default time")
     return default_time
+
+
+def dated_time(raw: bytes) -> float | None:
+    """Return the time of a record that carries a full date, else None; never raises.
+
+    A shipper's envelope (a JSON object with a ``@timestamp`` / ``time`` / ``date`` /
+    ``timestamp`` / ``ts`` field: Fluent Bit, Vector, Docker json-file) or a line that starts
+    with an ISO-8601 time (CRI, ``kubectl logs --timestamps``). Gives a stream the year of its
+    year-less lines when its dated records carry no signal.
+    Formats: https://docs.fluentbit.io/manual/pipeline/outputs/standard-output ,
+    https://www.rfc-editor.org/rfc/rfc3339
+    """
+    text = raw[:_DATED_HEAD_BYTES].decode("utf-8", "replace").lstrip()
+    try:
+        if text[:1] == "{":
+            record = json.loads(raw)
+            if not isinstance(record, dict):
+                return None
+            return first_time(record, _DATED_KEYS, None)
+        if (text[:1].isdigit() or text[:1] == "[") and (m := _ISO.match(text)):
+            return parse_iso8601(f"{m[1]}T{m[2]}.{m[3] or '0'}{m[4] or ''}")
+    except (ParseError, ValueError, RecursionError):
+        return None
+    return None
 
 
 def split_kubectl_prefix(text: str) -> tuple[str, str, str] | None:
@@ -155,42 +198,32 @@ def _line(text: str, time: float, identity: LogIdentity) -> LogLine:
     )
 
 
-def _month_day_time(m: re.Match[str], default_time: float | None) -> float:
-    """Time of a year-less ``MM-DD hh:mm:ss[.frac]`` stamp: the year nearest ``default_time``."""
-    ref = _reference(default_time, "year")
+def _month_day_time(m: re.Match[str], default_time: float | None, not_after: float | None) -> float:
+    """Time of a year-less ``MM-DD hh:mm:ss[.frac]`` stamp: see ``complete_month_day``."""
+    near = _reference(default_time, "year")
     month, day, hour, minute, second = (int(m[i]) for i in range(1, 6))
     fraction = float(f"0.{m[6]}") if m[6] else 0.0
-    best: float | None = None
-    for year in (ref.year - 1, ref.year, ref.year + 1):
-        try:
-            moment = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
-        except ValueError:
-            continue
-        seconds = moment.timestamp() + fraction
-        if best is None or abs(seconds - ref.timestamp()) < abs(best - ref.timestamp()):
-            best = seconds
-    if best is None or best < 0:
-        raise ParseError("bad_timestamp", f"not a date: {m[0]!r}")
-    return best
+    bound = near if not_after is None else not_after
+    return complete_month_day(
+        (month, day, hour, minute, second, fraction), near=near, not_after=bound
+    )
 
 
-def _time_of_day(hour: int, minute: int, second: int, default_time: float | None) -> float:
-    """Time of a date-less ``hh:mm:ss`` stamp: the day nearest ``default_time``."""
-    ref = _reference(default_time, "date")
+def _time_of_day(
+    hour: int, minute: int, second: int, default_time: float | None, not_after: float | None
+) -> float:
+    """Time of a date-less ``hh:mm:ss`` stamp: see ``complete_time_of_day``."""
+    near = _reference(default_time, "date")
     if hour > 23 or minute > 59 or second > 60:
         raise ParseError("bad_timestamp", f"not a time of day: {hour}:{minute}:{second}")
-    midnight = ref.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
-    offset = hour * 3600 + minute * 60 + second
-    candidates = (midnight - _DAY_S + offset, midnight + offset, midnight + _DAY_S + offset)
-    best = min(candidates, key=lambda t: abs(t - ref.timestamp()))
-    return max(best, 0.0)
+    bound = near if not_after is None else not_after
+    return complete_time_of_day(hour * 3600 + minute * 60 + second, near=near, not_after=bound)
 
 
-def _reference(default_time: float | None, lacking: str) -> datetime:
-    """Return ``default_time`` as a UTC datetime; raise when there is none to complete a stamp."""
+def _reference(default_time: float | None, lacking: str) -> float:
+    """Return ``default_time``, checked; raise when there is none to complete a stamp."""
     if default_time is None:
         raise ParseError("missing_timestamp", f"timestamp without a {lacking} and no default time")
-    try:
-        return datetime.fromtimestamp(default_time, UTC)
-    except (OverflowError, ValueError, OSError):
-        raise ParseError("bad_timestamp", f"default time out of range: {default_time}") from None
+    if not 0.0 <= default_time <= _MAX_DEFAULT:
+        raise ParseError("bad_timestamp", f"default time out of range: {default_time}")
+    return default_time

@@ -19,6 +19,11 @@ _MS_FROM = 1e11  # 1e11 s is the year 5138; 1e11 ms is 1973
 _US_FROM = 1e14
 _NS_FROM = 1e17
 _MAX_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z, the last time datetime can show
+# A stamp without a zone is the writer's local time, up to UTC+14:00 ahead of UTC
+# (https://www.iana.org/time-zones , Pacific/Kiritimati): the slack of ``not_after``.
+ZONE_SLACK_S = 14 * 3600.0
+_DAY_S = 86400.0
+_LEAP_CYCLE_YEARS = 8  # a 02-29 stamp finds a leap year within 8 years back (1896..1904)
 
 _MONTHS = {
     "Jan": 1,
@@ -120,6 +125,77 @@ def parse_time(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return parse_epoch(value)
     raise ParseError("bad_timestamp", f"not a time value: {type(value).__name__}")
+
+
+def complete_month_day(
+    stamp: tuple[int, int, int, int, int, float], *, near: float, not_after: float
+) -> float:
+    """Return the Unix time of a year-less (month, day, hour, minute, second, fraction) stamp.
+
+    The year is the one that puts the stamp nearest ``near`` (the stream's own dated records)
+    among those not after ``not_after`` + ``ZONE_SLACK_S`` (the file's modification time or the
+    wall clock: a log line is written before its file); when none is, the latest year that
+    keeps it at or before ``not_after``. So ``05-01`` read against 2026-12-01 is 2026-05-01,
+    against 2026-03-01 2025-05-01. Stamps without a zone are taken as UTC.
+    Raises ``ParseError("bad_timestamp")`` for a month-day no year has or a time before 1970.
+    """
+    bound = not_after + ZONE_SLACK_S
+    near_year = _year_of(near)
+    best: float | None = None
+    for year in (near_year - 1, near_year, near_year + 1):
+        seconds = _utc(year, stamp)
+        closer = best is None or (seconds is not None and abs(seconds - near) < abs(best - near))
+        if seconds is not None and seconds <= bound and closer:
+            best = seconds
+    if best is None:
+        top = _year_of(bound)
+        for year in range(top, top - _LEAP_CYCLE_YEARS - 1, -1):
+            best = _utc(year, stamp)
+            if best is not None and best <= bound:
+                break
+            best = None
+    if best is None or best < 0:
+        month, day, hour, minute = stamp[:4]
+        raise ParseError("bad_timestamp", f"not a date: {month:02d}-{day:02d} {hour}:{minute}")
+    return best
+
+
+def complete_time_of_day(seconds_of_day: float, *, near: float, not_after: float) -> float:
+    """Return the Unix time of a date-less time of day (seconds after midnight, UTC).
+
+    The day is the one nearest ``near`` among those not after ``not_after`` +
+    ``ZONE_SLACK_S``, else the latest one at or before it (as ``complete_month_day``).
+    """
+    bound = not_after + ZONE_SLACK_S
+    midnight = near - near % _DAY_S
+    candidates = [midnight + k * _DAY_S + seconds_of_day for k in (-1, 0, 1)]
+    allowed = [t for t in candidates if t <= bound]
+    if allowed:
+        best = min(allowed, key=lambda t: abs(t - near))
+    else:
+        best = bound - bound % _DAY_S + seconds_of_day
+        if best > bound:
+            best -= _DAY_S
+    return max(best, 0.0)
+
+
+def _year_of(seconds: float) -> int:
+    """Return the UTC year of a Unix time, clamped to what ``datetime`` can show."""
+    if not seconds < _MAX_SECONDS:  # also NaN
+        return 9999
+    return datetime.fromtimestamp(max(seconds, 0.0), UTC).year
+
+
+def _utc(year: int, stamp: tuple[int, int, int, int, int, float]) -> float | None:
+    """Return the Unix time of ``stamp`` in ``year``, or None when that year has no such day."""
+    month, day, hour, minute, second, fraction = stamp
+    if not 1 <= year <= 9999:
+        return None
+    try:
+        moment = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+    except ValueError:
+        return None
+    return moment.timestamp() + fraction
 
 
 def str_map(value: Any) -> dict[str, str]:
