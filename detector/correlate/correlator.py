@@ -174,6 +174,9 @@ class Correlator:
         ws.crash_loops.append(sig)
         out: list[Decision] = []
         pending = ws.ambiguous.pop(sig.pod or "", None)
+        cause = ws.crash_causes.get(sig.pod or "")
+        if pending is not None and cause is not None and cause.time >= pending.time - 60.0:
+            pending = None  # the pod died of a known non-memory cause: no OOM confirmed
         if pending is not None and sig.time - pending.time <= self.cfg.window_s:
             out += pattern.on_gpu_oom(ws, pending, self.cfg)  # the pod did die: confirmed
         if ws.incident is None:

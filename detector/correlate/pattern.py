@@ -176,6 +176,10 @@ def on_surge_sustained(ws: WorkloadState, now: float, cfg: CorrelateSettings) ->
         return []
     note = f"; {ws.reservation_note}" if ws.reservation_note else ""
     if causes:
+        last = ws.crash_verdict_at
+        if last is not None and now - last <= cfg.window_s:
+            return []  # the same crash loop's next surge: its verdict stands
+        ws.crash_verdict_at = now
         return [crash_cause_verdict(ws, causes, now, cfg, note)]
     reason = (
         f"{src.attrs.get('summary', '5xx surge')} sustained for {cfg.sustain_s:.0f} s "

@@ -144,6 +144,7 @@ class WorkloadState:
     reservation_note: str | None = None  # why the latest VRAM reading was not pressure
     # pod -> its latest known non-memory crash cause (CUDA fault, NCCL timeout, Xid); capped
     crash_causes: dict[str, Signal] = field(default_factory=dict)
+    crash_verdict_at: float | None = None  # the last crash-cause verdict: one per episode
     resolved: deque[str] = field(default_factory=deque)  # keys of resolved incidents kept
 
     def forget_idle(self, horizon: float) -> list[str]:

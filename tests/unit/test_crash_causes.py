@@ -195,3 +195,20 @@ def test_kv_cache_usage_stays_pressure_with_a_reservation() -> None:
     kinds = {d.signal.attrs.get("pressure") for d in out if isinstance(d, EvidenceAdded)
              and d.kind == "gpu_memory"}  # fmt: skip
     assert kinds == {"KV cache"}
+
+
+def test_one_verdict_per_crash_loop_episode_across_two_surges() -> None:
+    signals = [s for s in illegal_address_loop(0.96) if s.kind is not K.LB_RESPONSE]
+    signals += [*traffic(0, 60, 200), *traffic(60, 110, 502, per_s=10)]
+    signals += [*traffic(110, 160, 200), *traffic(160, 230, 502, per_s=10)]
+    out = run(signals)
+    assert len([d for d in out if isinstance(d, VerdictRecorded)]) == 1
+    assert not [d for d in out if isinstance(d, IncidentOpened)]
+
+
+def test_a_crash_loop_does_not_confirm_an_ambiguous_oom_of_a_pod_with_a_known_cause() -> None:
+    signals = illegal_address_loop(0.96)
+    signals.append(sig(K.GPU_OOM, 61.0, PODS[0], framework="pytorch", ambiguous=True))
+    out = run(signals)
+    assert not [d for d in out if isinstance(d, IncidentOpened)]
+    assert len([d for d in out if isinstance(d, VerdictRecorded)]) == 1
