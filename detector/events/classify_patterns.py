@@ -21,6 +21,10 @@ fixed order and the first match wins. Wordings and their sources:
   failed to start", "ShardCannotStart"):
   https://github.com/huggingface/text-generation-inference/issues/755,
   https://github.com/huggingface/text-generation-inference/issues/866
+- vLLM worker death ("Worker VllmWorkerProcess pid N died, exit code: -15", "MulitprocExecutor
+  got fatal signal from worker processes"): https://github.com/vllm-project/vllm/issues/6145,
+  https://github.com/vllm-project/vllm/issues/14452; SGLang TP worker death
+  ("TpModelWorkerClient hit an exception"): https://github.com/sgl-project/sglang/issues/5284
 - SGLang KV pool sizing ("Not enough memory. Please try to increase --mem-fraction-static"),
   exhaustion ("No space left for only one request") and scheduler death ("Scheduler hit an
   exception"): https://github.com/sgl-project/sglang/issues/322,
@@ -104,6 +108,7 @@ GATE_TOKENS: Final = (
     "no space left",
     "not_initialized",
     "serve at least",
+    "fatal signal",
 )
 
 # A traceback's source line ("    raise ValueError(...") repeats the message of the next line.
@@ -385,11 +390,13 @@ DEAD_RULES: Final = _rules(
             "enginecore failed",
             "initialization failed",
             "already dead",
+            "fatal signal",
         ),
         r"Engine loop has died|Engine background task failed|Background loop has errored"
         r"|Engine (?:core )?process \(pid \d+\) died|Engine core proc \S+ died"
         r"|EngineCore (?:encountered|failed to start)|Engine core initialization failed"
-        r"|LLMEngine is already dead|Worker proc \S+ died unexpectedly",
+        r"|LLMEngine is already dead|Worker proc \S+ died unexpectedly"
+        r"|\bWorker \w*Worker\w* pid \d+ died|got fatal signal from worker process",
         DEAD,
         "vllm",
         "engine_dead",
@@ -404,7 +411,8 @@ DEAD_RULES: Final = _rules(
     ),
     (
         ("sigquit", "hit an exception"),
-        r"Received sigquit from a child process|Scheduler hit an exception",
+        r"Received sigquit from a child process"
+        r"|\b(?:Scheduler|TpModelWorker\w*|DataParallelController|Detokenizer\w*) hit an exception",
         DEAD,
         "sglang",
         "scheduler_dead",

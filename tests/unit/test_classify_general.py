@@ -112,3 +112,29 @@ def test_general_rule_keeps_the_numbers(text: str, framework: str, numbers: dict
 )
 def test_shape_not_list(text: str, verdict: OomClass) -> None:
     assert classify_line(text).verdict is verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "framework"),
+    [
+        (  # https://github.com/vllm-project/vllm/issues/6145
+            "ERROR 07-04 10:01:22 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid "
+            "3283517 died, exit code: -15",
+            "vllm",
+        ),
+        (  # https://github.com/vllm-project/vllm/issues/14452
+            "CRITICAL 03-15 17:24:18 [multiproc_executor.py:48] MulitprocExecutor got fatal signal "
+            "from worker processes, shutting down. See stack trace above for root cause issue.",
+            "vllm",
+        ),
+        (  # https://github.com/sgl-project/sglang/issues/5284
+            "[2025-04-11 15:03:19 TP0] TpModelWorkerClient hit an exception: Traceback (most "
+            "recent call last):",
+            "sglang",
+        ),
+    ],
+)
+def test_engine_death_lines(text: str, framework: str) -> None:
+    result = classify_line(text)
+    assert result.verdict is OomClass.ENGINE_DEAD
+    assert result.framework == framework
