@@ -14,7 +14,10 @@ one OOM event look like several lines, or like none:
   "Failed to CUDA calloc N bytes"; TensorFlow retrying with smaller sizes);
 - continuation lines that carry the numbers: PyTorch's cudaMallocAsync report puts
   "Requested : 512.00 KiB" and "Device limit : 15.99 GiB" on the lines after "Allocation on
-  device 0 would exceed allowed memory" (https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28).
+  device 0 would exceed allowed memory" (https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28);
+- a device named after the OOM: TensorFlow 0.x/1.x print "Ran out of memory trying to allocate"
+  or "OOM when allocating tensor" without the device, then the op's node with its ``_device``
+  on a following line; an AMBIGUOUS event whose following line names a GPU is a GPU OOM.
 
 Hits at most ``MERGE_GAP_LINES`` apart form one event (unless they name different GPUs); an
 event with the fingerprint of one emitted within ``DEDUP_WINDOW_LINES`` is a copy and dropped.
@@ -54,6 +57,13 @@ _NEW_RECORD = re.compile(
     r"|[IWEF]\d{4} |Traceback |[A-Z][\w.]*:|[\w.]*(?:Error|Exception|Warning)\b"
     r"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
 )
+
+
+# The device of the failing op in a TensorFlow 0.x/1.x error block, on a line after the OOM:
+# "[[Node: conv6/... = Const[..., _device="/job:localhost/replica:0/task:0/gpu:0"]()]]" (the first
+# _device= is the op's own). Sources: https://github.com/simonmeister/UnFlow/issues/32,
+# https://github.com/bourdakos1/Custom-Object-Detection/issues/12
+_NODE_DEVICE = re.compile(r'_device="[^"]{0,120}?/(?:device:)?(GPU|gpu|CPU|cpu):(\d{1,4})"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +107,25 @@ class _Event:
         """Take the numbers this event does not know yet."""
         for key, value in numbers.items():
             self.numbers.setdefault(key, value)
+
+    def name_device(self, text: str) -> None:
+        """Decide an AMBIGUOUS event whose device a following line names (TensorFlow's
+        ``[[Node: ... _device="/job:localhost/replica:0/task:0/gpu:0"](...)]]``): GPU_OOM on
+        that GPU; a CPU device leaves it AMBIGUOUS.
+        """
+        verdict = self.best.classification
+        if verdict.verdict is not OomClass.AMBIGUOUS or "_device=" not in text:
+            return
+        device = _NODE_DEVICE.search(text)
+        if device is None or device.group(1).lower() != "gpu":
+            return
+        decided = replace(
+            verdict,
+            verdict=OomClass.GPU_OOM,
+            reason=f"{verdict.reason}+device_line",
+            gpu_index=int(device.group(2)) if verdict.gpu_index is None else verdict.gpu_index,
+        )
+        self.best = OomHit(self.best.line_no, self.best.text, decided)
 
     def hit(self) -> OomHit:
         """Return the event as one hit: its OOM line, its message, the pooled numbers."""
@@ -203,6 +232,7 @@ class _Scanner:
         for start, joined, hit in hits:
             yield from self._add(start, line_no, hit, joined=joined)
         if not hits and self.event is not None and text:
+            self.event.name_device(text)
             sizes = line_numbers(text)
             sizes.pop("gpu_index", None)  # a later line's GPU may be another rank's
             self.event.fill(sizes)

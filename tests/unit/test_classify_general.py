@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from detector.events.classify import OomClass, classify_line
+from detector.events.multiline import find_ooms
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MiB, GiB = 1 << 20, 1 << 30
@@ -138,3 +139,29 @@ def test_engine_death_lines(text: str, framework: str) -> None:
     result = classify_line(text)
     assert result.verdict is OomClass.ENGINE_DEAD
     assert result.framework == framework
+
+
+# TensorFlow 1.x block: the OOM line names no device, the node line after it does.
+# Source: https://github.com/simonmeister/UnFlow/issues/32 (the node line as reported there).
+TF_BLOCK = [
+    "W tensorflow/core/common_runtime/bfc_allocator.cc:275] Ran out of memory trying to "
+    "allocate 4.0KiB.  See logs for memory state.",
+    "ResourceExhaustedError (see above for traceback): OOM when allocating tensor of shape "
+    "[1024] and type float",
+    '         [[Node: flownet_c/conv6/biases/Adam/Initializer/zeros = Const[_class=["loc:@flow'
+    'net_c/conv6/biases"], dtype=DT_FLOAT, value=Tensor<type: float shape: [1024] values: 0 0 '
+    '0...>, _device="/job:localhost/replica:0/task:0/gpu:0"]()]]',
+]
+
+
+def test_a_device_line_after_an_ambiguous_oom_decides_it() -> None:
+    hits = list(find_ooms(TF_BLOCK))
+    assert [h.classification.verdict for h in hits] == [OomClass.GPU_OOM]
+    assert hits[0].classification.gpu_index == 0
+    assert hits[0].line_no == 1
+
+
+def test_a_cpu_device_line_leaves_it_ambiguous() -> None:
+    lines = [*TF_BLOCK[:2], TF_BLOCK[2].replace("/gpu:0", "/cpu:0")]
+    hits = list(find_ooms(lines))
+    assert [h.classification.verdict for h in hits] == [OomClass.AMBIGUOUS]
