@@ -33,7 +33,7 @@ def test_pods_die_of_illegal_address_with_vram_at_the_reservation(tmp_path: Path
     assert not GPU_OOM.search(logs)
     records = [json.loads(line) for line in logs.splitlines()]
     died = {r["kubernetes"]["pod_name"] for r in records if "illegal memory access" in r["log"]}
-    assert len(died) == 3
+    assert len(died) == 3  # two crash-loop, the third dies once, later
     assert "'gpu_memory_utilization': 0.9" in logs
     assert "vllm:kv_cache_usage_perc" not in paths["gpu-metrics.jsonl"].read_text()
     used = [
