@@ -62,7 +62,18 @@ def classify_cmd(
         bool, typer.Option("--report", help="precision/recall over an 'expect'-labelled corpus")
     ] = False,
 ) -> None:
-    """Classify log lines as GPU OOM or not; print JSON lines (or a report with --report)."""
+    """Classify log lines as GPU OOM or not; print JSON lines (or a report with --report).
+
+    Known wordings (PyTorch, vLLM, TGI, SGLang, TensorRT, TensorFlow, JAX...)
+    are read with their numbers. Any other line is a GPU OOM by its shape:
+    a memory-exhaustion phrase or status (out of memory, OOM, OutOfMemory,
+    *_ALLOC(ATION)_FAILED, bad_alloc, cannot allocate, could not be allocated)
+    with accelerator context on the line (CUDA, cu* libraries, HIP/ROCm, MPS,
+    NPU, XPU, TPU, GPU, device memory, RMM, thrust, TensorRT, a device index).
+    An out-of-memory phrase without that context is "ambiguous". Host
+    look-alikes (OOM killer, OOMKilled, Java/JavaScript heap, ENOMEM, CPU
+    allocators, pinned host memory) are not GPU OOMs.
+    """
     sources = paths or ["-"]
     out = sys.stdout
     try:

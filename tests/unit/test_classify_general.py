@@ -165,3 +165,9 @@ def test_a_cpu_device_line_leaves_it_ambiguous() -> None:
     lines = [*TF_BLOCK[:2], TF_BLOCK[2].replace("/gpu:0", "/cpu:0")]
     hits = list(find_ooms(lines))
     assert [h.classification.verdict for h in hits] == [OomClass.AMBIGUOUS]
+
+
+@pytest.mark.parametrize("row", HELDOUT, ids=_id)
+def test_heldout_set(row: dict[str, Any]) -> None:
+    """Measured once after the rule was written (21/21 found, no false alarm; before: 3/21)."""
+    assert classify_line(row["text"]).verdict == OomClass(row["expect"]), row["text"]
