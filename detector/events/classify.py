@@ -97,7 +97,8 @@ def _general(text: str, lower: str) -> Classification | None:
     with a backend, GPU library, device allocator or device index on the line is GPU_OOM, and
     AMBIGUOUS without one; an allocation-failure phrase ("*_ALLOCATION_FAILED", "bad_alloc",
     "could not be allocated", "Cannot allocate N") counts only with that context. Host
-    look-alikes (``classify_patterns.GENERAL_HOST``) stay out. ``None`` when the rule is silent.
+    look-alikes (``classify_patterns.GENERAL_HOST``) and INFO/DEBUG lines stay out. ``None``
+    when the rule is silent.
     """
     exhausted = _exhausted(lower, text)
     if not exhausted:
@@ -106,7 +107,7 @@ def _general(text: str, lower: str) -> Classification | None:
                 break
         else:
             return None
-    if pat.GENERAL_HOST.search(text) is not None:
+    if pat.GENERAL_HOST.search(text) is not None or pat.INFO_LEVEL.search(text) is not None:
         return None
     if _has_accelerator(lower, text):
         framework = _refine(lower, pat.GENERAL_FRAMEWORK_HINTS, "cuda")

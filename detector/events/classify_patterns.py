@@ -565,14 +565,21 @@ ACCELERATOR: Final = re.compile(
 # Host-side look-alikes that carry the same phrases (sources in the held-out fixture,
 # tests/unit/fixtures/oom_general_*.jsonl): Java and V8 heaps, ENOMEM's strerror text,
 # OpenCV's host allocator, NumPy, TensorFlow's CPU allocator, shared memory, pinned host
-# memory (Triton: https://github.com/triton-inference-server/server/issues/7222), no device.
+# memory (Triton: https://github.com/triton-inference-server/server/issues/7222), no device,
+# kube-scheduler's "0/3 nodes are available: 3 Insufficient memory, 3 Insufficient
+# nvidia.com/gpu" (a pod not scheduled, not an OOM), the kernel's oom_score_adj notes.
 GENERAL_HOST: Final = re.compile(
     r"java\.lang\.OutOfMemoryError|Java heap|JavaScript heap|heap limit|\bv8::"
     r"|Errno 12|Cannot allocate memory\b|cv::OutOfMemoryError|Unable to allocate .{1,40} array"
     r"|device:CPU|allocator cpu\b|CPUAllocator|shared memory|\bshm\b|illegal memory access"
-    r"|\bpinned\b|driver version is insufficient|no CUDA-capable|No CUDA GPUs",
+    r"|\bpinned\b|driver version is insufficient|no CUDA-capable|No CUDA GPUs"
+    r"|nodes are available|oom[ _]score",
     _I,
 )
+# A line logged at INFO/DEBUG level reports, it does not fail: the general rule stays silent
+# ("INFO ... gpu_memory_utilization=0.9; OOM protection enabled").
+INFO_LEVEL: Final = re.compile(r"^[^a-z]{0,40}?\b(?:INFO|DEBUG|TRACE)\b|^I\d{4} ")
+
 # Framework hints for a general-rule match: (lower-case token, framework).
 GENERAL_FRAMEWORK_HINTS: Final = (
     ("mps", "pytorch_mps"),
