@@ -109,6 +109,12 @@ def test_general_rule_keeps_the_numbers(text: str, framework: str, numbers: dict
             "grpc StatusCode.RESOURCE_EXHAUSTED: Received message larger than max",
             OomClass.NOT_GPU_OOM,
         ),
+        (
+            "0/3 nodes are available: 3 Insufficient memory, 3 Insufficient nvidia.com/gpu.",
+            OomClass.NOT_GPU_OOM,
+        ),
+        ("INFO: set gpu_memory_utilization=0.9; OOM protection enabled", OomClass.NOT_GPU_OOM),
+        ("OOM score adj set to -998 for pid 1234 (nvidia-persistenced)", OomClass.NOT_GPU_OOM),
     ],
 )
 def test_shape_not_list(text: str, verdict: OomClass) -> None:
