@@ -267,6 +267,7 @@ class Processor:
                 answer(incident, ctx, session=session)
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
+        self.counts.unattributed_by_reason = self.correlator.unattributed_by_reason.reasons()
 
     def _advance(self, key: str, incident: Incident, session: Session) -> int:
         ctx = self.correlator.context(key)

@@ -16,6 +16,8 @@ from rich.markup import escape
 from detector.report.document import CORE_SIGNALS, ReplayResult, to_document
 from detector.textsafe import printable
 
+KIND_LABELS = {"gpu_oom": "GPU OOM", "gpu_memory": "GPU memory", "lb_response": "load-balancer"}
+
 
 def render_report(result: ReplayResult, console: Console) -> None:
     """Print a readable report of each incident and verdict."""
@@ -28,6 +30,7 @@ def render_report(result: ReplayResult, console: Console) -> None:
     if ev["rejected_by_reason"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(ev["rejected_by_reason"].items()))
         console.print(f"  rejected by reason: {_t(reasons)} (kept as dead letters)")
+    _render_unattributed(ev, console)
     console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
     for inc in doc["incidents"]:
         _render_incident(inc, console)
@@ -35,6 +38,28 @@ def render_report(result: ReplayResult, console: Console) -> None:
     for v in doc["verdicts"]:
         console.print(f"- {_t(v['workload'], one_line=True)}: {_t(v['verdict'])}")
         console.print(f"  {_t(v['reason'])}", soft_wrap=True)
+
+
+def _render_unattributed(ev: dict[str, Any], console: Console) -> None:
+    """Warn of every signal that named no workload: kind, reason, a few examples, the fix."""
+    if not ev["unattributed"]:
+        return
+    console.print(
+        f"  [yellow]warning:[/yellow] {_t(ev['unattributed'])} signal(s) named no workload "
+        "and were left out of correlation"
+    )
+    for r in ev.get("unattributed_by_reason", []):
+        label = KIND_LABELS.get(r["kind"], r["kind"])
+        console.print(
+            f"  [yellow]warning:[/yellow] {_t(r['count'])} unattributed {_t(label)} "
+            f"signal(s): {_t(r['reason'])}",
+            soft_wrap=True,
+        )
+        console.print(f"    to tie them: {_t(r['hint'])}", soft_wrap=True)
+        for e in r["examples"]:
+            named = ", ".join(f"{k} {v}" for k, v in e.items() if k != "source")
+            where = f"{e['source']} ({named})" if named else e["source"]
+            console.print(f"    e.g. {_t(where, one_line=True)}", soft_wrap=True)
 
 
 def _render_incident(inc: dict[str, Any], console: Console) -> None:

@@ -15,6 +15,7 @@ from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
 from detector.correlate.state import Decision, IncidentState, WorkloadState
+from detector.correlate.unattributed import UnattributedTally
 from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow
 from detector.events.model import Signal, SignalKind
 
@@ -58,6 +59,7 @@ class Correlator:
         self.workloads: dict[WorkloadRef, WorkloadState] = {}
         self.now = 0.0
         self.unattributed = 0
+        self.unattributed_by_reason = UnattributedTally()  # what was left out, why, how to fix
         self._open: dict[str, WorkloadState] = {}  # incident key -> workload state
         self._contexts: dict[str, IncidentContext] = {}  # resolved incidents' views
         self._sweep_every_s = settings.window_s / SWEEPS_PER_WINDOW
@@ -68,6 +70,7 @@ class Correlator:
         ref = self.resolver.resolve(signal)
         if ref is None:
             self.unattributed += 1
+            self.unattributed_by_reason.add(signal)
             return []
         ws = self.workloads.get(ref)
         if ws is None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from detector.correlate.unattributed import UnattributedReason
 from detector.incidents.schemas import VerdictOut
 from detector.report.schemas import IncidentOut
 from detector.runbooks.definition import Action
@@ -28,7 +29,8 @@ TEXT_PARAMS = frozenset(
 
 @dataclass
 class EventCounts:
-    """How many records were read, parsed and rejected (by reason)."""
+    """How many records were read, parsed and rejected (by reason), and the signals that
+    named no workload (by kind and reason, with the hint that would tie them)."""
 
     read: int = 0
     parsed: int = 0
@@ -36,6 +38,7 @@ class EventCounts:
     signals: int = 0
     unattributed: int = 0
     rejected_by_reason: Counter[str] = field(default_factory=Counter)
+    unattributed_by_reason: list[UnattributedReason] = field(default_factory=list)
 
 
 @dataclass
@@ -61,6 +64,16 @@ def to_document(result: ReplayResult) -> dict[str, Any]:
             "signals": ev.signals,
             "unattributed": ev.unattributed,
             "rejected_by_reason": dict(ev.rejected_by_reason),
+            "unattributed_by_reason": [
+                {
+                    "kind": r.kind,
+                    "reason": r.reason,
+                    "hint": r.hint,
+                    "count": r.count,
+                    "examples": [dict(e) for e in r.examples],
+                }
+                for r in ev.unattributed_by_reason
+            ],
         },
         "incidents": [incident_document(i.model_dump(mode="json")) for i in result.incidents],
         "verdicts": [
