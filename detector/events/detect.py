@@ -2,7 +2,8 @@
 
 JSON objects are told apart by their keys after one ``json.loads``: Fluent Bit (``log`` +
 ``kubernetes``), Docker json-file and other metadata-less ``log`` records, Vector (``message`` +
-``kubernetes``), prometheus-kafka-adapter (``name``/``value``/``labels``), Kubernetes Events
+``kubernetes``), prometheus-kafka-adapter (``name``/``value``/``labels``), Vector metric events
+(``name``/``kind`` + ``gauge``/``counter``..., or ``native_json``'s ``metric``), Kubernetes Events
 (``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or metadata/spec/status), lists
 (``kind: *List`` with ``items``, or a JSON array) and the envelopes of event shippers
 (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``). Text lines are CRI log lines,
@@ -26,7 +27,7 @@ from typing import Any
 from detector.errors import ParseError
 from detector.events.container_log import signals_from_log_line
 from detector.events.model import LogLine, Signal, SourcePos
-from detector.events.sources import ingress_nginx, lb_access
+from detector.events.sources import ingress_nginx, lb_access, vector_metric
 from detector.events.sources.cri import parse_cri_line
 from detector.events.sources.dcgm import signals_from_exposition_line
 from detector.events.sources.docker_json import parse_docker_record
@@ -348,6 +349,8 @@ def _from_object(
             return signals_from_log(parse_vector_event(obj, default_time=default_time), source)
     if ("labels" in obj and "value" in obj) or ("__name__" in obj and "__value__" in obj):
         return signals_from_adapter_sample(obj, source)
+    if vector_metric.is_vector_metric(obj):
+        return vector_metric.signals_from_vector_metric(obj, source, default_time=default_time)
     lb = lb_access.signals_from_lb_json(obj, source, default_time)
     if lb is not None:
         return lb
