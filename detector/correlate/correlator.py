@@ -125,7 +125,7 @@ class Correlator:
             if ws.incident is not None:
                 continue
             for pod in ws.forget_idle(horizon):
-                self.resolver.forget(ref.namespace, pod)
+                self.resolver.forget(ref.namespace, pod, ref)
             if ref.kind == "unknown" and not ws.pods:
                 del self.workloads[ref]
                 self.resolver.forget_workload(ref)

@@ -1,8 +1,12 @@
 """Map a signal to the workload it belongs to (cluster, namespace, Deployment/StatefulSet).
 
 Rules, in order:
-1. load-balancer signals: the upstream name, through the YAML mapping, else the ingress-nginx
-   convention ``<namespace>-<service>-<port>`` with the service named after the workload;
+1. load-balancer signals: the upstream's pod IP (``upstream_addr``: ingress-nginx
+   ``$upstream_addr``, Envoy ``%UPSTREAM_HOST%``) when a pod object seen earlier had that
+   ``status.podIP`` (``pod_ip`` attr): that pod's workload, whatever the upstream is named
+   (Envoy Gateway ``httproute/<ns>/<route>/rule/<n>``, Istio ``outbound|<port>||<host>``);
+   else the upstream name, through the YAML mapping, else the ingress-nginx convention
+   ``<namespace>-<service>-<port>`` with the service named after the workload;
    a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;
 2. labels that name the top controller, above the pod's immediate owner: a LeaderWorkerSet
    (``leaderworkerset.sigs.k8s.io/name``; its pods are owned by StatefulSets, one per group)
@@ -10,9 +14,13 @@ Rules, in order:
 3. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>`` or a StatefulSet;
 4. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
 5. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
+A pod's workload is cached with the rule that named it; a later signal of the pod that an
+earlier rule names (ownerReferences or a controller label arriving after a GPU metric named
+only the pod) revises it. Evidence already given to the old workload stays there.
 Sources: https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#pod-template-hash-label,
 https://lws.sigs.k8s.io/docs/reference/labels-annotations-and-environment-variables/,
-https://argo-rollouts.readthedocs.io/en/stable/features/specification/ (rollouts-pod-template-hash)
+https://argo-rollouts.readthedocs.io/en/stable/features/specification/ (rollouts-pod-template-hash),
+https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#PodStatus (podIP)
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ _RS_NAME = re.compile(r"^(?P<name>.+)-[bcdfghjklmnpqrstvwxz2456789]{5,10}$")
 _SERVICE_PORT = re.compile(r"^(?P<svc>[a-z0-9-]+)-(?:\d+|[a-z][a-z0-9]*)$")
 _UPSTREAM = re.compile(r"^(?P<ns>[a-z0-9-]+?)-(?P<svc>[a-z0-9-]+)-(?P<port>\d+|[a-z]+)$")
 _UNSEEN: Any = object()  # an upstream not looked up yet (None is a cached "no workload")
+# How authoritative the rule that named a pod's workload is (rules 5, 4, 3, 2 above)
+BY_NAME, BY_LABEL, BY_OWNER, BY_CONTROLLER_LABEL = 0, 1, 2, 3
+_LB = SignalKind.LB_RESPONSE
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +61,14 @@ class WorkloadRef:
 
 
 class WorkloadResolver:
-    """Resolve signals to workloads, caching per pod and per upstream name."""
+    """Resolve signals to workloads, caching per pod, per pod IP and per upstream name."""
 
     def __init__(self, mapping: WorkloadMap | None = None, cluster: str | None = None) -> None:
         self._mapping = mapping or WorkloadMap()
         self._cluster = cluster
-        self._pods: dict[tuple[str, str], WorkloadRef] = {}
+        self._pods: dict[tuple[str, str], tuple[WorkloadRef, int]] = {}  # -> (ref, authority)
+        self._ips: dict[str, tuple[str, str]] = {}  # pod IP -> (namespace, pod), the latest
+        self._pod_ips: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its pod IP
         self._upstreams: dict[str, WorkloadRef | None] = {}
         self._namespaces: set[str] = set()
         self._refs: dict[WorkloadRef, WorkloadRef] = {}  # one object per workload
@@ -65,9 +78,23 @@ class WorkloadResolver:
         """Return how many pods the cache holds."""
         return len(self._pods)
 
-    def forget(self, namespace: str, pod: str) -> None:
-        """Drop ``pod`` from the cache (a pod gone idle); its next signal resolves it anew."""
-        self._pods.pop((namespace, pod), None)
+    @property
+    def cached_ips(self) -> int:
+        """Return how many pod IPs the cache holds (at most one per cached pod)."""
+        return len(self._ips)
+
+    def forget(self, namespace: str, pod: str, ref: WorkloadRef | None = None) -> None:
+        """Drop ``pod`` and its IP from the cache (a pod gone idle); its next signal resolves
+        it anew. With ``ref``, only while the pod still resolves to ``ref`` (a pod revised to
+        another workload is not forgotten by the old one)."""
+        key = (namespace, pod)
+        cached = self._pods.get(key)
+        if cached is None or (ref is not None and cached[0] != ref):
+            return
+        del self._pods[key]
+        ip = self._pod_ips.pop(key, None)
+        if ip is not None and self._ips.get(ip) == key:
+            del self._ips[ip]
 
     def forget_workload(self, ref: WorkloadRef) -> None:
         """Drop a workload no cached pod resolves to any more (an ``unknown`` one-pod one)."""
@@ -75,22 +102,27 @@ class WorkloadResolver:
 
     def resolve(self, signal: Signal) -> WorkloadRef | None:
         """Return the signal's workload, or None when it names none."""
-        if signal.kind is SignalKind.LB_RESPONSE and not signal.attrs.get("sidecar"):
+        if signal.kind is _LB and not signal.attrs.get("sidecar"):
+            if self._ips and (ref := self._by_address(signal.attrs.get("upstream_addr"))):
+                return ref
             upstream = signal.attrs.get("upstream")
             return self.for_upstream(upstream) if upstream else None
         if not signal.namespace or not signal.pod:
             return None
         key = (signal.namespace, signal.pod)
-        ref = self._pods.get(key)
-        if ref is None:
+        cached = self._pods.get(key)
+        if cached is None:
             if signal.namespace not in self._namespaces:
                 self._namespaces.add(signal.namespace)
                 self._upstreams.clear()  # a newly seen namespace can change a split
-            kind, name = workload_of_pod(signal.pod, signal.labels, signal.owner)
-            ref = self._intern(
-                WorkloadRef(signal.namespace, name, kind, signal.cluster or self._cluster)
-            )
-            self._pods[key] = ref
+            ref = self._pod_ref(signal, key)
+        elif cached[1] < BY_CONTROLLER_LABEL and (signal.owner is not None or signal.labels):
+            ref = self._pod_ref(signal, key, cached)
+        else:
+            ref = cached[0]
+        ip = signal.attrs.get("pod_ip")
+        if ip and self._pod_ips.get(key) != ip:
+            self._learn_ip(key, ip)
         return ref
 
     def for_upstream(self, upstream: str) -> WorkloadRef | None:
@@ -109,6 +141,37 @@ class WorkloadResolver:
         self._upstreams[upstream] = ref
         return ref
 
+    def _pod_ref(
+        self,
+        signal: Signal,
+        key: tuple[str, str],
+        cached: tuple[WorkloadRef, int] | None = None,
+    ) -> WorkloadRef:
+        """Name the pod's workload from this signal; keep a cached one named by a better rule."""
+        pod = key[1]
+        kind, name, authority = classify_pod(pod, signal.labels, signal.owner)
+        if cached is not None and authority <= cached[1]:
+            return cached[0]
+        ref = self._intern(WorkloadRef(key[0], name, kind, signal.cluster or self._cluster))
+        self._pods[key] = (ref, authority)
+        return ref
+
+    def _learn_ip(self, key: tuple[str, str], ip: str) -> None:
+        """Remember ``ip`` as the pod's (a newer pod with a reused IP takes it over)."""
+        old = self._pod_ips.get(key)
+        if old is not None and self._ips.get(old) == key:
+            del self._ips[old]
+        self._pod_ips[key] = ip
+        self._ips[ip] = key
+
+    def _by_address(self, addr: Any) -> WorkloadRef | None:
+        """Return the workload of the pod whose IP ``addr`` (``ip:port``, ``[ipv6]:port``) is."""
+        if not isinstance(addr, str) or not addr:
+            return None
+        key = self._ips.get(host_of_address(addr))
+        cached = self._pods.get(key) if key is not None else None
+        return cached[0] if cached is not None else None
+
     def _intern(self, ref: WorkloadRef) -> WorkloadRef:
         """Return the one object of an equal workload: dict lookups then match by identity."""
         return self._refs.setdefault(ref, ref)
@@ -124,29 +187,47 @@ class WorkloadResolver:
         return None
 
 
+def host_of_address(addr: str) -> str:
+    """Return the host of ``ip:port`` or ``[ipv6]:port``; a bare address as is."""
+    if addr[:1] == "[":
+        end = addr.find("]")
+        return addr[1:end] if end > 0 else addr
+    host, sep, _ = addr.rpartition(":")
+    return host if sep and ":" not in host else addr
+
+
 def workload_of_pod(
     pod: str, labels: dict[str, str], owner: tuple[str, str] | None
 ) -> tuple[str, str]:
     """Return ``(kind, name)`` of the controller owning ``pod``; ``("unknown", pod)`` if none."""
+    kind, name, _ = classify_pod(pod, labels, owner)
+    return kind, name
+
+
+def classify_pod(
+    pod: str, labels: dict[str, str], owner: tuple[str, str] | None
+) -> tuple[str, str, int]:
+    """Return ``(kind, name, authority)`` of ``pod``'s controller (``BY_NAME`` ...
+    ``BY_CONTROLLER_LABEL``: which rule of the module docstring named it)."""
     if lws := labels.get("leaderworkerset.sigs.k8s.io/name"):
-        return "LeaderWorkerSet", lws
+        return "LeaderWorkerSet", lws, BY_CONTROLLER_LABEL
     rollout_hash = labels.get("rollouts-pod-template-hash")
     if rollout_hash and f"-{rollout_hash}-" in pod:
-        return "Rollout", pod.rsplit(f"-{rollout_hash}-", 1)[0]
+        return "Rollout", pod.rsplit(f"-{rollout_hash}-", 1)[0], BY_CONTROLLER_LABEL
     if owner is not None:
         kind, name = owner
         if kind == "ReplicaSet":
             m = _RS_NAME.match(name)
-            return ("Deployment", m["name"]) if m else ("ReplicaSet", name)
+            return ("Deployment", m["name"], BY_OWNER) if m else ("ReplicaSet", name, BY_OWNER)
         if kind in ("StatefulSet", "Deployment", "DaemonSet", "Job"):
-            return kind, name
+            return kind, name, BY_OWNER
     rs_hash = labels.get("pod-template-hash")
     if rs_hash and f"-{rs_hash}-" in pod:
-        return "Deployment", pod.rsplit(f"-{rs_hash}-", 1)[0]
+        return "Deployment", pod.rsplit(f"-{rs_hash}-", 1)[0], BY_LABEL
     if "statefulset.kubernetes.io/pod-name" in labels and (m := _STATEFULSET_POD.match(pod)):
-        return "StatefulSet", m["name"]
+        return "StatefulSet", m["name"], BY_LABEL
     if m := _DEPLOYMENT_POD.match(pod):
-        return "Deployment", m["name"]
+        return "Deployment", m["name"], BY_NAME
     if m := _STATEFULSET_POD.match(pod):
-        return "StatefulSet", m["name"]
-    return "unknown", pod
+        return "StatefulSet", m["name"], BY_NAME
+    return "unknown", pod, BY_NAME

@@ -27,8 +27,10 @@ def signals_from_pod(pod: dict[str, Any], source: SourcePos) -> list[Signal]:
     startTime); a HOST_OOM or restart is timed by its own ``finishedAt`` and POD_READY by the
     Ready condition's transition, so re-delivered snapshots repeat the same times.
     CRASH_LOOP attrs: reason, restart_count, last_reason, exit_code. HOST_OOM attrs: reason,
-    exit_code. POD_READY attrs: ready. Raises ``ParseError("missing_field")`` when the pod has
-    no status timestamp at all, ``"bad_timestamp"`` for an unparseable one.
+    exit_code. POD_READY attrs: ready. Every signal also carries ``pod_ip`` (``status.podIP``)
+    when the pod has one: load-balancer lines name their upstream by it. Raises
+    ``ParseError("missing_field")`` when the pod has no status timestamp at all,
+    ``"bad_timestamp"`` for an unparseable one.
     Format: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
     """
     status = _obj(pod.get("status"))
@@ -44,6 +46,7 @@ def signals_from_pod(pod: dict[str, Any], source: SourcePos) -> list[Signal]:
         str_or_none(_obj(pod.get("spec")).get("nodeName")),
         str_map(meta.get("labels")),
         owner_from_refs(meta.get("ownerReferences")),
+        str_or_none(status.get("podIP")),
     )
     out: list[Signal] = []
     for cs in statuses:
@@ -72,7 +75,7 @@ def owner_from_refs(refs: Any) -> tuple[str, str] | None:
 class _Base:
     """The identity every signal of one pod shares."""
 
-    __slots__ = ("labels", "namespace", "node", "owner", "pod", "source")
+    __slots__ = ("labels", "namespace", "node", "owner", "pod", "pod_ip", "source")
 
     def __init__(
         self,
@@ -82,14 +85,17 @@ class _Base:
         node: str | None,
         labels: dict[str, str],
         owner: tuple[str, str] | None,
+        pod_ip: str | None = None,
     ) -> None:
         self.source, self.namespace, self.pod, self.node = source, namespace, pod, node
-        self.labels, self.owner = labels, owner
+        self.labels, self.owner, self.pod_ip = labels, owner, pod_ip
 
     def signal(
         self, kind: SignalKind, time: float, container: str | None, attrs: dict[str, Any], text: str
     ) -> Signal:
         """Build one signal of this pod."""
+        if self.pod_ip:
+            attrs["pod_ip"] = self.pod_ip
         return Signal(
             kind=kind,
             time=time,
