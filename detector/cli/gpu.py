@@ -49,6 +49,10 @@ def gpu_sample_cmd(
 
     Without --interval and --count: one sample, like nvidia-smi without -l. With --interval
     alone: until interrupted, like nvidia-smi -l. Times are UTC.
+
+    The lines name a GPU (UUID) and, with --node, its node, but no pod: a replay reports them
+    as unattributed GPU memory. For GPU memory that counts toward an incident, ship
+    dcgm-exporter metrics with their pod labels.
     """
     if node is not None and NODE_NAME.fullmatch(node) is None:
         typer.echo(f"error: --node {node!r} is not a lower-case host name", err=True)

@@ -19,6 +19,12 @@ _LOG_HINT = (
     "pass --namespace NS to replay (with --pod POD for one pod's raw log), or ship the logs "
     "with their Kubernetes metadata (namespace, pod)"
 )
+_POD_STATE_HINT = (
+    "paste kubectl output that shows the namespace (kubectl get pods -A, kubectl describe pod, "
+    "-o yaml: --namespace does not apply to pasted kubectl tables), ship the pod objects and "
+    "events with their metadata, or pass --namespace NS for plain-text log lines"
+)
+_POD_STATE_KINDS = frozenset({SignalKind.CRASH_LOOP, SignalKind.HOST_OOM, SignalKind.POD_READY})
 _GPU_MEMORY_HINT = (
     "nvidia-smi and detector gpu-sample lines name a GPU, not a pod: ship DCGM exporter "
     "metrics with their pod labels (namespace, pod) for GPU memory to count"
@@ -75,7 +81,10 @@ def why_unattributed(signal: Signal) -> tuple[str, str]:
         if not signal.attrs.get("upstream"):
             return "no upstream on the line", _NO_UPSTREAM_HINT
         return "upstream matches no workload", _UPSTREAM_HINT
-    hint = _GPU_MEMORY_HINT if signal.kind is SignalKind.GPU_MEMORY else _LOG_HINT
+    if signal.kind is SignalKind.GPU_MEMORY:
+        hint = _GPU_MEMORY_HINT
+    else:
+        hint = _POD_STATE_HINT if signal.kind in _POD_STATE_KINDS else _LOG_HINT
     if not signal.namespace and not signal.pod:
         return "no namespace and no pod", hint
     if not signal.namespace:

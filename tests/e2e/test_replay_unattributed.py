@@ -70,3 +70,17 @@ def test_with_namespace_the_ooms_open_an_incident(tmp_path: Path, dump: Path) ->
     assert incident["workload"] == "llm/vllm"
     victims = [t["message"] for t in incident["timeline"] if t["message"].startswith("victim #")]
     assert [m.split("pod ")[1].split()[0] for m in victims] == list(PODS)
+
+
+def test_pasted_get_pods_table_without_namespace_is_reported(tmp_path: Path) -> None:
+    paste = tmp_path / "get-pods.txt"
+    paste.write_text(
+        "NAME                    READY   STATUS             RESTARTS      AGE\n"
+        f"{PODS[0]}    0/1     CrashLoopBackOff   5 (30s ago)   10m\n",
+        encoding="utf-8",
+    )
+    doc: dict[str, Any] = json.loads(_replay(tmp_path, paste, "--json"))
+    (reason,) = doc["events"]["unattributed_by_reason"]
+    assert (reason["kind"], reason["reason"], reason["count"]) == ("crash_loop", "no namespace", 1)
+    assert "kubectl get pods -A" in reason["hint"]
+    assert reason["examples"] == [{"source": f"{paste}:1", "pod": PODS[0]}]

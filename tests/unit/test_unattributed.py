@@ -24,7 +24,8 @@ def test_reasons_and_hints_per_kind() -> None:
     cases = [
         (_sig(SignalKind.GPU_OOM, 1, pod="vllm-0"), "no namespace", "--namespace"),
         (_sig(SignalKind.GPU_OOM, 1), "no namespace and no pod", "--namespace"),
-        (_sig(SignalKind.CRASH_LOOP, 1, namespace="llm"), "no pod", "--pod"),
+        (_sig(SignalKind.ENGINE_DEAD, 1, namespace="llm"), "no pod", "--pod"),
+        (_sig(SignalKind.CRASH_LOOP, 1, pod="vllm-0"), "no namespace", "kubectl get pods -A"),
         (
             _sig(SignalKind.GPU_MEMORY, 1, attrs={"uuid": "GPU-1"}),
             "no namespace and no pod",
