@@ -35,7 +35,8 @@ _NO_UPSTREAM_HINT = (
 )
 _UPSTREAM_HINT = (
     "add the upstream to a workloads file (upstreams: {NAME: {namespace, workload}}) and "
-    "pass it with --workloads"
+    "pass it with --workloads, or replay the pod objects too (kubectl get pods -A -o yaml) so "
+    "the upstream address names its pod"
 )
 
 
