@@ -134,6 +134,17 @@ def test_pod_object_carries_its_ip() -> None:
     assert "pod_ip" not in _pod_signal(_pod("default", "moon-0", None)).attrs
 
 
+def test_host_network_pod_ip_is_its_nodes_and_not_carried() -> None:
+    """A hostNetwork pod (a node exporter) has the node's IP: an ALB/NodePort upstream at that
+    IP is not that pod."""
+    host_net = _pod("monitoring", "dcgm-exporter-x7k2p", "10.0.1.5", ("DaemonSet", "dcgm"))
+    host_net["spec"]["hostNetwork"] = True
+    assert "pod_ip" not in _pod_signal(host_net).attrs
+    del host_net["spec"]["hostNetwork"]
+    host_net["status"]["hostIP"] = "10.0.1.5"
+    assert "pod_ip" not in _pod_signal(host_net).attrs
+
+
 @pytest.mark.parametrize(
     ("line", "pod", "by_ip", "fallback"),
     [

@@ -28,7 +28,8 @@ def signals_from_pod(pod: dict[str, Any], source: SourcePos) -> list[Signal]:
     Ready condition's transition, so re-delivered snapshots repeat the same times.
     CRASH_LOOP attrs: reason, restart_count, last_reason, exit_code. HOST_OOM attrs: reason,
     exit_code. POD_READY attrs: ready. Every signal also carries ``pod_ip`` (``status.podIP``)
-    when the pod has one: load-balancer lines name their upstream by it. Raises
+    when the pod has one of its own (not ``hostNetwork``, whose IP is its node's and shared):
+    load-balancer lines name their upstream by it. Raises
     ``ParseError("missing_field")`` when the pod has no status timestamp at all,
     ``"bad_timestamp"`` for an unparseable one.
     Format: https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
@@ -46,7 +47,7 @@ def signals_from_pod(pod: dict[str, Any], source: SourcePos) -> list[Signal]:
         str_or_none(_obj(pod.get("spec")).get("nodeName")),
         str_map(meta.get("labels")),
         owner_from_refs(meta.get("ownerReferences")),
-        str_or_none(status.get("podIP")),
+        _own_ip(pod, status),
     )
     out: list[Signal] = []
     for cs in statuses:
@@ -140,6 +141,14 @@ def _container_signals(base: _Base, cs: dict[str, Any], snapshot: float) -> list
         text = f"restarted after {crash['last_reason']} (exit {crash['exit_code']})"
         out.append(base.signal(SignalKind.CRASH_LOOP, time, name, crash, text))
     return out
+
+
+def _own_ip(pod: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """Return ``status.podIP`` unless the pod shares its node's IP (``hostNetwork``)."""
+    ip = str_or_none(status.get("podIP"))
+    if ip is None or _obj(pod.get("spec")).get("hostNetwork") is True:
+        return None
+    return None if ip == status.get("hostIP") else ip
 
 
 def _snapshot_time(status: dict[str, Any], statuses: list[dict[str, Any]]) -> float | None:
