@@ -30,8 +30,9 @@ _GPU_MEMORY_HINT = (
     "metrics with their pod labels (namespace, pod) for GPU memory to count"
 )
 _NO_UPSTREAM_HINT = (
-    "log the upstream name (ingress-nginx $proxy_upstream_name) or a sidecar's pod, or use "
-    "a load-balancer log that carries it"
+    "a proxy's access log must name the upstream (ingress-nginx $proxy_upstream_name, or the "
+    "upstream address); a web server's own access log (static files, nothing proxied) names "
+    "no workload and may stay out"
 )
 _UPSTREAM_HINT = (
     "add the upstream to a workloads file (upstreams: {NAME: {namespace, workload}}) and "
