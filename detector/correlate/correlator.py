@@ -16,7 +16,7 @@ from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
 from detector.correlate.state import Decision, IncidentState, WorkloadState
 from detector.correlate.unattributed import UnattributedTally
-from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow
+from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow, upstream_failed
 from detector.events.model import Signal, SignalKind
 
 PRE_RESERVING = frozenset({"vllm", "tgi", "sglang"})  # engines that reserve VRAM at start
@@ -328,20 +328,24 @@ class Correlator:
         if count <= 0:
             return []
         lb, cfg = ws.lb, self.cfg
-        lb.add(sig.time, status, count)
+        upstream_error = upstream_failed(
+            attrs.get("upstream_status"), attrs.get("upstream_statuses")
+        )
+        lb.add(sig.time, status, count, upstream_error)
         client, proxy = attrs.get("client"), sig.pod
         if client is not None or proxy is not None:  # a sidecar's pod serves, it is no proxy
             ws.clients.add(sig.time, client, None if attrs.get("sidecar") else proxy, count)
         ws.last_lb = sig
-        above = lb.exceeds(cfg.error_rate_per_s, cfg.error_ratio)
+        # the surge test counts gateway 502/503/504 and upstream 5xx (a dying engine's 500s)
+        above = lb.fails(cfg.error_rate_per_s, cfg.error_ratio)
         if ws.errors_above_since is None:
             if not above:
                 ws.baseline_ok_rate = lb.ok_rate_per_s
                 return []
             return self._surge_started(ws, sig)
         # hysteresis: the surge ends when the 5xx rate or share falls under half its threshold
-        over_half = lb.exceeds(cfg.error_rate_per_s / 2, cfg.error_ratio / 2)
-        if not over_half and status not in ERROR_STATUSES:
+        over_half = lb.fails(cfg.error_rate_per_s / 2, cfg.error_ratio / 2)
+        if not over_half and status not in ERROR_STATUSES and not upstream_error:
             ws.errors_above_since = ws.errors_above_source = ws.surge_clients = None
             ws.surge_handled = False
             return []
@@ -388,19 +392,31 @@ def _response_count(ws: WorkloadState, sig: Signal) -> int:
 def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
     """Return ``sig`` carrying the workload's load-balancer window rates (per second) and
     its client distribution (``clients``, ``client_max_requests``, ``client_requests`` over
-    ``clients_span_s``, ``clients_capped``; ``proxies``: proxy instances that logged them)."""
+    ``clients_span_s``, ``clients_capped``; ``proxies``: proxy instances that logged them).
+
+    Two error figures, apart: ``error_rate_per_s`` / ``error_ratio``, the gateway's own
+    502/503/504; ``upstream_error_rate_per_s`` / ``upstream_error_ratio``, responses whose
+    upstream (the workload's pods) answered 5xx, 500 included, to some try (a gateway that
+    retries may still have answered the client 200)."""
     lb = ws.lb
     seen = ws.surge_clients if ws.surge_clients is not None else ws.clients.stats(sig.time)
     summary = (
         f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
         f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"
     )
+    if lb.upstream_errors:
+        summary += (
+            f"; upstream pods answered 5xx to {lb.upstream_error_rate_per_s:.1f}/s "
+            f"({lb.upstream_error_ratio:.0%})"
+        )
     attrs = {
         **sig.attrs,
         "summary": summary,
         "error_rate_per_s": round(lb.error_rate_per_s, 3),
         "request_rate_per_s": round(lb.request_rate_per_s, 3),
         "error_ratio": round(lb.error_ratio, 3),
+        "upstream_error_rate_per_s": round(lb.upstream_error_rate_per_s, 3),
+        "upstream_error_ratio": round(lb.upstream_error_ratio, 3),
         "throttled_rate_per_s": round(lb.throttled / lb.width_s, 3),
         "baseline_ok_rate_per_s": round(ws.baseline_ok_rate, 3),
         "window_s": lb.width_s,

@@ -9,25 +9,49 @@ from typing import Any, NamedTuple
 ERROR_STATUSES = frozenset({502, 503, 504})
 
 
-class RateWindow:
-    """Count requests, 5xx (502/503/504) and 429s in 1-second buckets over ``width_s``.
+def upstream_failed(status: object, statuses: object = None) -> bool:
+    """Return whether an upstream (the workload's pod) answered 5xx (500-599) to any try.
 
+    ``status``: the last try's upstream status (int | None); ``statuses``: every try's, after
+    retries (a tuple, ingress-nginx ``$upstream_status`` "502, 200"): a try the gateway
+    retried elsewhere still failed on the pod. vLLM answers its in-flight requests with 500
+    when its engine dies, which the gateway passes on as is (not as 502/503/504).
+    """
+    if isinstance(statuses, tuple) and statuses:
+        return any(isinstance(s, int) and 500 <= s <= 599 for s in statuses)
+    return isinstance(status, int) and 500 <= status <= 599
+
+
+class RateWindow:
+    """Count requests, 5xx and 429s in 1-second buckets over ``width_s``.
+
+    Counted apart: ``errors``, the gateway's own 502/503/504; ``upstream_errors``, responses
+    whose upstream (a pod of the workload) answered 5xx, 500 included, to some try; and
+    ``failed``, responses that are either (each counted once): the surge test's measure.
     Rates are per second of window width. A record older than the window is dropped from
     the rate (it still counts as evidence elsewhere).
     """
 
     def __init__(self, width_s: float) -> None:
         self.width_s = width_s
-        self._buckets: deque[list[int]] = deque()  # [second, total, errors, throttled]
+        # [second, total, errors, throttled, upstream_errors, failed]
+        self._buckets: deque[list[int]] = deque()
         self.total = 0
         self.errors = 0
         self.throttled = 0
+        self.upstream_errors = 0
+        self.failed = 0
 
-    def add(self, time: float, status: int, count: int = 1) -> None:
-        """Add ``count`` responses with HTTP ``status`` at event ``time`` (Unix seconds)."""
+    def add(self, time: float, status: int, count: int = 1, upstream_error: bool = False) -> None:
+        """Add ``count`` responses with HTTP ``status`` at event ``time`` (Unix seconds).
+
+        ``upstream_error``: their upstream answered 5xx (see ``upstream_failed``).
+        """
         second = int(time)
         err = count if status in ERROR_STATUSES else 0
         thr = count if status == 429 else 0
+        up = count if upstream_error else 0
+        failed = count if err or up else 0
         buckets = self._buckets
         if buckets and buckets[-1][0] == second:  # the common case: the current second
             bucket: list[int] | None = buckets[-1]
@@ -41,11 +65,16 @@ class RateWindow:
         self.total += count
         self.errors += err
         self.throttled += thr
+        if failed:
+            bucket[4] += up
+            bucket[5] += failed
+            self.upstream_errors += up
+            self.failed += failed
 
     def _find_or_insert(self, second: int) -> list[int] | None:
         buckets = self._buckets
         if not buckets or buckets[-1][0] < second:
-            buckets.append([second, 0, 0, 0])
+            buckets.append([second, 0, 0, 0, 0, 0])
             self.advance(second)
             return buckets[-1]
         if second < buckets[-1][0] - self.width_s:
@@ -55,7 +84,7 @@ class RateWindow:
                 return bucket
             if bucket[0] < second:
                 break
-        new = [second, 0, 0, 0]
+        new = [second, 0, 0, 0, 0, 0]
         buckets.append(new)
         self._buckets = deque(sorted(buckets, key=lambda b: b[0]))
         return new
@@ -65,10 +94,12 @@ class RateWindow:
         horizon = now - self.width_s
         buckets = self._buckets
         while buckets and buckets[0][0] <= horizon:
-            _, total, err, thr = buckets.popleft()
+            _, total, err, thr, up, failed = buckets.popleft()
             self.total -= total
             self.errors -= err
             self.throttled -= thr
+            self.upstream_errors -= up
+            self.failed -= failed
 
     @property
     def error_rate_per_s(self) -> float:
@@ -101,6 +132,25 @@ class RateWindow:
     def error_ratio(self) -> float:
         """Return the 5xx share of responses in the window (0 when there were none)."""
         return self.errors / self.total if self.total else 0.0
+
+    @property
+    def upstream_error_rate_per_s(self) -> float:
+        """Return responses per second whose upstream answered 5xx over the window."""
+        return self.upstream_errors / self.width_s
+
+    @property
+    def upstream_error_ratio(self) -> float:
+        """Return the share of responses whose upstream answered 5xx (0 when there were none)."""
+        return self.upstream_errors / self.total if self.total else 0.0
+
+    def fails(self, error_rate_per_s: float, error_ratio: float) -> bool:
+        """Return whether the failed responses (gateway 502/503/504 or upstream 5xx, each
+        once) reach both thresholds: rate per second and share. ``exceeds`` on ``failed``."""
+        failed, total = self.failed, self.total
+        return (
+            failed / self.width_s >= error_rate_per_s
+            and (failed / total if total else 0.0) >= error_ratio
+        )
 
 
 SLOTS_PER_WINDOW = 6  # a client window is kept in this many slots
