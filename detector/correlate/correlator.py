@@ -400,15 +400,24 @@ def _window_summary(ws: WorkloadState, sig: Signal) -> Signal:
     retries may still have answered the client 200)."""
     lb = ws.lb
     seen = ws.surge_clients if ws.surge_clients is not None else ws.clients.stats(sig.time)
-    summary = (
-        f"5xx surge at upstream {sig.attrs.get('upstream')}: {lb.error_rate_per_s:.1f}/s, "
-        f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"
-    )
-    if lb.upstream_errors:
-        summary += (
-            f"; upstream pods answered 5xx to {lb.upstream_error_rate_per_s:.1f}/s "
-            f"({lb.upstream_error_ratio:.0%})"
+    upstream = sig.attrs.get("upstream")
+    if lb.upstream_errors and not lb.errors:  # the pods' own 5xx (500s), passed on or retried
+        summary = (
+            f"upstream 5xx surge at upstream {upstream}: its pods answered 5xx to "
+            f"{lb.upstream_error_rate_per_s:.1f}/s, {lb.upstream_error_ratio:.0%} of "
+            f"{lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s "
+            "(gateway 502/503/504: none)"
         )
+    else:
+        summary = (
+            f"5xx surge at upstream {upstream}: {lb.error_rate_per_s:.1f}/s, "
+            f"{lb.error_ratio:.0%} of {lb.request_rate_per_s:.1f} req/s over {lb.width_s:.0f} s"
+        )
+        if lb.upstream_errors:
+            summary += (
+                f"; upstream pods answered 5xx to {lb.upstream_error_rate_per_s:.1f}/s "
+                f"({lb.upstream_error_ratio:.0%})"
+            )
     attrs = {
         **sig.attrs,
         "summary": summary,

@@ -79,7 +79,7 @@ def test_upstream_500s_with_gpu_ooms_are_the_cascade_with_both_figures() -> None
     assert lb
     attrs = lb[0].signal.attrs
     assert attrs["error_rate_per_s"] == 0 and attrs["upstream_error_rate_per_s"] >= 1
-    assert "upstream pods answered 5xx" in lb[0].summary
+    assert lb[0].summary.startswith("upstream 5xx surge at upstream llm-vllm-llama-8000")
     assert not any(isinstance(d, VerdictRecorded) for d in out)
 
 
@@ -89,7 +89,18 @@ def test_upstream_5xx_hidden_by_retries_without_an_oom_is_not_this_pattern() -> 
     out = run(ok + retried)
     verdicts = [d for d in out if isinstance(d, VerdictRecorded)]
     assert len(verdicts) == 1 and "no GPU OOM" in verdicts[0].reason
+    assert verdicts[0].reason.startswith("upstream 5xx surge")
     assert not any(isinstance(d, IncidentOpened) for d in out)
+
+
+def test_gateway_errors_keep_their_figure_and_name_the_upstream_ones() -> None:
+    signals = [*traffic(0, 200, 200, upstream_status=200), oom(60, PODS[0])]
+    signals += traffic(60, 200, 502, per_s=10, upstream_status=502)
+    lb = [d for d in run(signals) if isinstance(d, EvidenceAdded) and d.kind == "lb_errors"]
+    assert lb and lb[0].summary.startswith("5xx surge at upstream llm-vllm-llama-8000: ")
+    assert "; upstream pods answered 5xx to" in lb[0].summary
+    attrs = lb[0].signal.attrs
+    assert attrs["error_rate_per_s"] == attrs["upstream_error_rate_per_s"] >= 1
 
 
 def test_500s_without_an_upstream_status_are_not_counted() -> None:
