@@ -261,6 +261,10 @@ class Correlator:
         marked = replace(sig, attrs={**sig.attrs, "engine": engine, "reservation": fraction})
         return self._pressure(ws, marked, what, ratio, fraction + RESERVATION_MARGIN)
 
+    def _pod_address(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        """An EndpointSlice's pod IP: the resolver learned it; it is evidence of nothing."""
+        return []
+
     def _crash_cause(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         pod = sig.pod or ""
         ws.crash_causes.pop(pod, None)
@@ -468,4 +472,5 @@ _HANDLERS = {
     SignalKind.ENGINE_PRESSURE: Correlator._engine_pressure,
     SignalKind.ENGINE_CONFIG: Correlator._engine_config,
     SignalKind.CRASH_CAUSE: Correlator._crash_cause,
+    SignalKind.POD_ADDRESS: Correlator._pod_address,
 }

@@ -3,7 +3,8 @@
 Rules, in order:
 1. load-balancer signals: the upstream's pod IP (``upstream_addr``: ingress-nginx
    ``$upstream_addr``, Envoy ``%UPSTREAM_HOST%``) when a pod object seen earlier had that
-   ``status.podIP`` (``pod_ip`` attr): that pod's workload, whatever the upstream is named
+   ``status.podIP``, or an EndpointSlice endpoint that address with its pod as ``targetRef``
+   (``pod_ip`` attr): that pod's workload, whatever the upstream is named
    (Envoy Gateway ``httproute/<ns>/<route>/rule/<n>``, Istio ``outbound|<port>||<host>``);
    else the upstream name, through the YAML mapping, else the ingress-nginx convention
    ``<namespace>-<service>-<port>`` with the service named after the workload;

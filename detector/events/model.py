@@ -78,6 +78,9 @@ class SignalKind(StrEnum):
     ENGINE_PRESSURE = "engine_pressure"  # KV-cache usage, queue depth, preemptions
     ENGINE_CONFIG = "engine_config"  # engine startup arguments / ceilings seen in its logs
     CRASH_CAUSE = "crash_cause"  # a known non-memory crash cause (CUDA fault, NCCL, Xid)
+    # a pod's IP from an EndpointSlice endpoint (targetRef kind Pod): identity only, it feeds
+    # the resolver's IP -> pod map and is evidence of nothing (a not-Ready pod has one too)
+    POD_ADDRESS = "pod_address"
 
 
 @slot_init
@@ -124,6 +127,7 @@ class Signal:
       gpu_memory_utilization, enable_prefix_caching, kv_cache_bytes, max_concurrency ...
     - crash_cause: cause (illegal_memory_access, device_side_assert, nccl_timeout, xid ...),
       cause_text, xid
+    - pod_address: pod_ip, ready (bool or None), service (the EndpointSlice's service)
     """
 
     kind: SignalKind
