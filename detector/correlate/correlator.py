@@ -14,7 +14,7 @@ from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
-from detector.correlate.state import Decision, IncidentState, WorkloadState
+from detector.correlate.state import Decision, IncidentState, Stage, WorkloadState
 from detector.correlate.unattributed import UnattributedTally
 from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow, upstream_failed
 from detector.events.model import Signal, SignalKind
@@ -78,10 +78,14 @@ class Correlator:
             ws = self.workloads[ref] = WorkloadState(ref, RateWindow(width), ClientWindow(width))
         time, kind, pod = signal.time, signal.kind, signal.pod
         now = time if time > self.now else self.now
+        revision = self.resolver.revised and self.resolver.take_revision()
+        moved = self._move_pod(*revision, ws, now) if revision else []
         if pod and (kind is not _LB or signal.attrs.get("sidecar")):
             ws.pods[pod] = now  # seen "now": a late record is activity too
         # the hottest kind without the handler table's lookup, once per load-balancer line
         out = self._lb_response(ws, signal) if kind is _LB else _HANDLERS[kind](self, ws, signal)
+        if moved:
+            out[:0] = moved
         if time > self.now:
             self.now = time
             if self._open:
@@ -101,6 +105,37 @@ class Correlator:
             if inc is not None and ws.incident is not inc:
                 self._keep_resolved(ws, key, _context(ws, inc))
                 del self._open[key]
+        return out
+
+    def _move_pod(
+        self, pod: str, old_ref: WorkloadRef, ws: WorkloadState, now: float
+    ) -> list[Decision]:
+        """Move a revised pod's state from its old workload to ``ws``; return the decisions.
+
+        An open incident of the old workload made only of this pod's evidence (its one victim)
+        was the new workload's all along: it is resolved with a note naming the new workload,
+        and the pod's GPU OOMs are applied to ``ws`` again at their own times, which opens (or
+        joins) the new workload's incident with the pod as a victim in its place. An incident
+        of the old workload with other victims or evidence keeps what it recorded. The
+        decisions already written cannot change workload, hence resolve-and-reapply rather
+        than a move of the incident.
+        """
+        old = self.workloads.get(old_ref)
+        if old is None or old is ws:
+            return []
+        old.move_pod(pod, ws)
+        inc = old.incident
+        if inc is None or set(inc.victims) != {pod} or any(s.pod != pod for s in inc.signals):
+            return []
+        old.incident = None
+        reason = f"pod {pod} belongs to {ws.ref.label} (named by its pod object later): moved there"
+        out = pattern.set_stage(inc, Stage.RESOLVED, now, reason)
+        self._open.pop(inc.key, None)
+        self._keep_resolved(old, inc.key, _context(old, inc))
+        ws.last_oom.pop(pod, None)  # applied again below, each death counted once
+        for sig in inc.signals:
+            if sig.kind is SignalKind.GPU_OOM:
+                out += pattern.on_gpu_oom(ws, sig, self.cfg)
         return out
 
     def _keep_resolved(self, ws: WorkloadState, key: str, ctx: IncidentContext) -> None:

@@ -3,7 +3,7 @@
 Rules, in order:
 1. load-balancer signals: the upstream's pod IP (``upstream_addr``: ingress-nginx
    ``$upstream_addr``, Envoy ``%UPSTREAM_HOST%``) when a pod object seen earlier had that
-   ``status.podIP``, or an EndpointSlice endpoint that address with its pod as ``targetRef``
+   ``status.podIP``, or an EndpointSlice endpoint with that address and its pod as ``targetRef``
    (``pod_ip`` attr): that pod's workload, whatever the upstream is named
    (Envoy Gateway ``httproute/<ns>/<route>/rule/<n>``, Istio ``outbound|<port>||<host>``);
    else the upstream name, through the YAML mapping, else the ingress-nginx convention
@@ -17,7 +17,8 @@ Rules, in order:
 5. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
 A pod's workload is cached with the rule that named it; a later signal of the pod that an
 earlier rule names (ownerReferences or a controller label arriving after a GPU metric named
-only the pod) revises it. Evidence already given to the old workload stays there.
+only the pod) revises it, and ``resolve`` says so (``take_revision``): the correlator then
+moves the pod's state from the old workload to the new one.
 Sources: https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#pod-template-hash-label,
 https://lws.sigs.k8s.io/docs/reference/labels-annotations-and-environment-variables/,
 https://argo-rollouts.readthedocs.io/en/stable/features/specification/ (rollouts-pod-template-hash),
@@ -73,6 +74,8 @@ class WorkloadResolver:
         self._upstreams: dict[str, WorkloadRef | None] = {}
         self._namespaces: set[str] = set()
         self._refs: dict[WorkloadRef, WorkloadRef] = {}  # one object per workload
+        # (pod, the workload it resolved to before) of the last resolve that revised a pod
+        self.revised: tuple[str, WorkloadRef] | None = None
 
     @property
     def cached_pods(self) -> int:
@@ -96,6 +99,11 @@ class WorkloadResolver:
         ip = self._pod_ips.pop(key, None)
         if ip is not None and self._ips.get(ip) == key:
             del self._ips[ip]
+
+    def take_revision(self) -> tuple[str, WorkloadRef] | None:
+        """Return and clear ``(pod, old workload)`` when a ``resolve`` revised a pod's workload."""
+        revised, self.revised = self.revised, None
+        return revised
 
     def forget_workload(self, ref: WorkloadRef) -> None:
         """Drop a workload no cached pod resolves to any more (an ``unknown`` one-pod one)."""
@@ -155,6 +163,8 @@ class WorkloadResolver:
             return cached[0]
         ref = self._intern(WorkloadRef(key[0], name, kind, signal.cluster or self._cluster))
         self._pods[key] = (ref, authority)
+        if cached is not None and cached[0] is not ref:
+            self.revised = (pod, cached[0])
         return ref
 
     def _learn_ip(self, key: tuple[str, str], ip: str) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from detector.correlate.identity import WorkloadRef
 from detector.correlate.windows import ClientStats, ClientWindow, RateWindow
 from detector.events.model import Signal, SourcePos
+
+_V = TypeVar("_V")
 
 
 class Stage(StrEnum):
@@ -166,6 +169,37 @@ class WorkloadState:
             del self.gpu_used[gpu]
         return idle
 
+    def move_pod(self, pod: str, to: WorkloadState) -> None:
+        """Move ``pod``'s per-pod entries to ``to`` (the pod's workload was revised).
+
+        Moved: last seen, last GPU OOM, ceilings, preemptions, unconfirmed OOM, engine
+        configs, VRAM reservation, crash cause and crash loops. Workload-wide state (load
+        balancer windows, GPUs, the incident) stays.
+        """
+        seen = self.pods.pop(pod, None)
+        if seen is not None:
+            to.pods[pod] = max(seen, to.pods.get(pod, seen))
+        _move(self.last_oom, to.last_oom, pod)
+        _move(self.preemptions, to.preemptions, pod)
+        _move(self.ambiguous, to.ambiguous, pod)
+        _move(self.reservations, to.reservations, pod)
+        _move(self.crash_causes, to.crash_causes, pod)
+        for ceiling in [k for k in self.at_ceiling if k[0] == pod]:
+            to.at_ceiling[ceiling] = self.at_ceiling.pop(ceiling)
+        for config in [k for k in self.engine_config if k[0] == pod]:
+            to.engine_config[config] = self.engine_config.pop(config)
+        loops = [c for c in self.crash_loops if c.pod == pod]
+        if loops:
+            kept = [c for c in self.crash_loops if c.pod != pod]
+            self.crash_loops.clear()
+            self.crash_loops.extend(kept)
+            merged = sorted([*to.crash_loops, *loops], key=lambda c: c.time)
+            to.crash_loops.clear()
+            to.crash_loops.extend(merged)  # the newest 20, as the deque keeps
+        last = to.last_oom.get(pod)
+        if last is not None and (to.last_gpu_oom_at is None or last > to.last_gpu_oom_at):
+            to.last_gpu_oom_at = last
+
     def pressure_of(self, pod: str) -> Signal | None:
         """Return the latest signal that put ``pod`` at a ceiling, or None."""
         found = [s for (p, _), s in self.at_ceiling.items() if p == pod]
@@ -178,3 +212,9 @@ class WorkloadState:
             if now - sig.time <= window_s and (pod not in out or sig.time > out[pod].time):
                 out[pod] = sig
         return out
+
+
+def _move(mine: dict[str, _V], theirs: dict[str, _V], pod: str) -> None:
+    """Move ``pod``'s entry, if any, from ``mine`` to ``theirs``."""
+    if pod in mine:
+        theirs[pod] = mine.pop(pod)
