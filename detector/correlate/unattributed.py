@@ -20,14 +20,16 @@ _LOG_HINT = (
     "with their Kubernetes metadata (namespace, pod)"
 )
 _POD_STATE_HINT = (
-    "paste kubectl output that shows the namespace (kubectl get pods -A, kubectl describe pod, "
-    "-o yaml: --namespace does not apply to pasted kubectl tables), ship the pod objects and "
-    "events with their metadata, or pass --namespace NS for plain-text log lines"
+    "pass --namespace NS to replay (it names the pods of a pasted kubectl get pods table "
+    "without a NAMESPACE column), paste kubectl output that shows the namespace (kubectl get "
+    "pods -A, kubectl describe pod, -o yaml), or ship the pod objects and events with their "
+    "metadata"
 )
 _POD_STATE_KINDS = frozenset({SignalKind.CRASH_LOOP, SignalKind.HOST_OOM, SignalKind.POD_READY})
 _GPU_MEMORY_HINT = (
-    "nvidia-smi and detector gpu-sample lines name a GPU, not a pod: ship DCGM exporter "
-    "metrics with their pod labels (namespace, pod) for GPU memory to count"
+    "nvidia-smi lines name a GPU, not a pod: run detector gpu-sample --namespace NS --pod POD "
+    "beside the pod that owns the GPU, pass --namespace NS --pod POD to replay for one pod's "
+    "nvidia-smi output, or ship DCGM exporter metrics with their pod labels (namespace, pod)"
 )
 _NO_UPSTREAM_HINT = (
     "a proxy's access log must name the upstream (ingress-nginx $proxy_upstream_name, or the "

@@ -78,9 +78,16 @@ def is_kubectl_text(head: str) -> bool:
 
 
 def signals_from_kubectl_text(
-    text: str, source: SourcePos, *, default_time: float | None = None
+    text: str,
+    source: SourcePos,
+    *,
+    default_time: float | None = None,
+    namespace: str | None = None,
 ) -> list[Signal]:
     """Return the signals of one pasted ``kubectl describe`` / ``get`` / ``-o yaml`` output.
+
+    ``namespace`` (``detector replay --namespace``) is the namespace of the pods the output
+    shows without one (a ``get pods`` table without a NAMESPACE column, a bare fragment).
 
     Raises ``ParseError`` only: ``unknown_format`` (nothing kubectl-shaped), ``malformed_json``
     (invalid YAML), ``missing_timestamp`` (signals but neither a time nor ``default_time``),
@@ -90,10 +97,13 @@ def signals_from_kubectl_text(
     lines = _strip_ci(text.split("\n"))
     body = [ln for ln in lines if ln.strip() and not _COMMAND.match(ln)]
     if body and _YAML_START.match(body[0].strip()):
-        return _from_yaml("\n".join(lines), source, default_time)
+        return _from_yaml("\n".join(lines), source, default_time, namespace)
     pods, events = _read_text(lines)
     if not pods and not events:
         raise ParseError("unknown_format", "no kubectl describe/get fields found")
+    if namespace:
+        for pod in pods:
+            pod["metadata"].setdefault("namespace", namespace)
     out: list[Signal] = []
     for pod in pods:
         out.extend(_pod_signals(pod, source, default_time))
@@ -101,6 +111,8 @@ def signals_from_kubectl_text(
     node = pods[-1]["spec"].get("nodeName") if pods else None
     for event in events:
         event["involvedObject"].update(identity)
+        if namespace:
+            event["involvedObject"].setdefault("namespace", namespace)
         if node is not None:
             event["source"] = {"host": node}
         out.extend(_event_signals(event, source, default_time))
@@ -344,7 +356,9 @@ def _event_signals(
 # --- YAML ------------------------------------------------------------------------------------
 
 
-def _from_yaml(text: str, source: SourcePos, default_time: float | None) -> list[Signal]:
+def _from_yaml(
+    text: str, source: SourcePos, default_time: float | None, namespace: str | None
+) -> list[Signal]:
     """Parse ``kubectl get pod -o yaml`` (or a status fragment of it) with the Pod logic."""
     try:
         doc = yaml.safe_load(text)
@@ -364,6 +378,8 @@ def _from_yaml(text: str, source: SourcePos, default_time: float | None) -> list
     doc.setdefault("metadata", {})
     if not isinstance(doc["metadata"], dict):
         raise ParseError("unknown_format", "YAML metadata is not a mapping")
+    if namespace and not doc["metadata"].get("namespace"):
+        doc["metadata"]["namespace"] = namespace
     status = doc["status"]
     if not isinstance(status.get("containerStatuses", []), list):
         raise ParseError("unknown_format", "containerStatuses is not a list")

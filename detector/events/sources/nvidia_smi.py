@@ -15,9 +15,13 @@ index, and the memory values: two of them are memory.used and memory.total in ei
 (the smaller is used); three with the largest first are NVIDIA's documented ``memory.total,
 memory.free, memory.used``. With ``nounits`` the memory values are the integers after the UUID
 (or after the index). Any other number of memory values cannot be read without the header and
-is rejected. A line has no pod: the correlator keys GPU memory by UUID (or node and index), and
-ignores it unless something attributes the GPU. The node is a leading host-name field, when the
-collecting script prepends ``$(hostname)``.
+is rejected. The node is a leading host-name field, when the collecting script prepends
+``$(hostname)``. nvidia-smi names no pod: the correlator keys GPU memory by UUID (or node and
+index), and ignores it unless something attributes the GPU. ``detector gpu-sample --namespace NS
+--pod POD`` (run beside the one pod that owns the GPU) appends ``namespace=NS, pod=POD`` fields
+to every line, which name its pod; nvidia-smi itself never prints a ``key=value`` field, and
+each line stays a record of its own (a Kafka message, a file line) that needs no header. Without
+them, the caller's ``namespace``/``pod`` (``detector replay --namespace NS --pod POD``) apply.
 Source: https://docs.nvidia.com/deploy/nvidia-smi/index.html ,
 https://enterprise-support.nvidia.com/s/article/Useful-nvidia-smi-Queries-2
 """
@@ -42,6 +46,7 @@ _INT = re.compile(r"\d{1,9}")
 _NOT_AVAILABLE = re.compile(r"\[[A-Za-z][A-Za-z /]{0,60}\]")  # [N/A], [Not Supported] ...
 _HEADER_FIELD = re.compile(r"([a-z][a-z0-9_.]{0,60})(?: \[[^\]]{1,12}\])?")
 _HOST = re.compile(r"(?=[a-z0-9.-]*[a-z])[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+_LABEL = re.compile(r"(namespace|pod)=([a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?)")
 _HEADER_NAMES = ("memory.", "index", "uuid", "timestamp", "gpu_uuid", "gpu_bus_id", "pci.bus_id")
 
 
@@ -56,9 +61,17 @@ class _Field(Enum):
 
 
 def signals_from_csv_line(
-    line: str, source: SourcePos, *, default_time: float | None = None
+    line: str,
+    source: SourcePos,
+    *,
+    default_time: float | None = None,
+    namespace: str | None = None,
+    pod: str | None = None,
 ) -> list[Signal] | None:
     """Parse one nvidia-smi CSV line; None when it is not one, ``[]`` for a header.
+
+    The signal's pod is the line's trailing ``namespace=NS, pod=POD`` fields (``detector
+    gpu-sample --namespace --pod``), else ``namespace`` and ``pod`` (both, or neither applies).
 
     GPU_MEMORY attrs: used_bytes, total_bytes, free_bytes (when queried), gpu (the index, a
     string, or None), uuid (or None), metric ("nvidia_smi"). Time: the line's timestamp field,
@@ -74,6 +87,11 @@ def signals_from_csv_line(
         return None
     if _is_header(fields):
         return []
+    labels = _trailing_labels(fields)
+    if "namespace" in labels and "pod" in labels:
+        namespace, pod = labels["namespace"], labels["pod"]
+    elif labels or namespace is None or pod is None:
+        namespace = pod = None  # half a pod names none
     kinds = [_kind(field, i) for i, field in enumerate(fields)]
     if not _is_data_row(kinds):
         return None
@@ -94,11 +112,25 @@ def signals_from_csv_line(
             kind=SignalKind.GPU_MEMORY,
             time=_time(fields, kinds, default_time),
             source=source,
+            namespace=namespace,
+            pod=pod,
             node=fields[0] if kinds[0] is _Field.HOST else None,
             attrs=memory,
             text=line[:MAX_TEXT_CHARS],
         )
     ]
+
+
+def _trailing_labels(fields: list[str]) -> dict[str, str]:
+    """Take the trailing ``namespace=``/``pod=`` fields off ``fields``; return them by name."""
+    labels: dict[str, str] = {}
+    while len(fields) > 1:
+        m = _LABEL.fullmatch(fields[-1])
+        if m is None or m.group(1) in labels:
+            break
+        labels[m.group(1)] = m.group(2)
+        fields.pop()
+    return labels
 
 
 def _is_header(fields: list[str]) -> bool:

@@ -47,9 +47,16 @@ def is_nvidia_smi_table(head: str) -> bool:
 
 
 def signals_from_nvidia_smi_table(
-    text: str, source: SourcePos, *, default_time: float | None = None
+    text: str,
+    source: SourcePos,
+    *,
+    default_time: float | None = None,
+    namespace: str | None = None,
+    pod: str | None = None,
 ) -> list[Signal]:
     """Return one GPU_MEMORY signal (used_bytes, total_bytes, gpu; uuid None) per GPU row.
+
+    The table names no pod: the signals are of ``namespace``/``pod`` (the caller's; both or none).
 
     Raises ``ParseError`` only: ``unknown_format`` without the NVIDIA-SMI banner,
     ``missing_timestamp`` with GPU rows but neither a date line nor ``default_time``,
@@ -63,11 +70,15 @@ def signals_from_nvidia_smi_table(
     if not gpus:
         return []
     time = _time(lines, default_time)
+    if namespace is None or pod is None:
+        namespace = pod = None
     return [
         Signal(
             kind=SignalKind.GPU_MEMORY,
             time=time,
             source=source,
+            namespace=namespace,
+            pod=pod,
             attrs={
                 "used_bytes": used * _MIB,
                 "total_bytes": total * _MIB,
