@@ -143,15 +143,9 @@ def _parse_text(
     if "\n" in stripped:  # a multi-line document the file reader yields whole
         head = stripped[:4096]
         if is_nvidia_smi_table(head):
-            namespace, pod = _pod_of(identity)
-            return signals_from_nvidia_smi_table(
-                stripped, source, default_time=default_time, namespace=namespace, pod=pod
-            )
+            return signals_from_nvidia_smi_table(stripped, source, default_time=default_time)
         if is_kubectl_text(head):
-            namespace = identity.namespace if identity is not None else None
-            return signals_from_kubectl_text(
-                stripped, source, default_time=default_time, namespace=namespace
-            )
+            return signals_from_kubectl_text(stripped, source, default_time=default_time)
     return _from_text(stripped, source, default_time, identity, not_after)
 
 
@@ -255,10 +249,7 @@ def _from_text(
         return [sig]
     try:
         if "," in stripped and "{" not in stripped:
-            namespace, pod = _pod_of(identity)
-            table = signals_from_csv_line(
-                stripped, source, default_time=default_time, namespace=namespace, pod=pod
-            )
+            table = signals_from_csv_line(stripped, source, default_time=default_time)
             if table is not None:
                 return table
         return signals_from_exposition_line(stripped, source, default_time=default_time)
@@ -267,11 +258,6 @@ def _from_text(
             raise
     line = parse_raw_line(stripped, identity, default_time=default_time, not_after=not_after)
     return signals_from_log(line, source)
-
-
-def _pod_of(identity: LogIdentity | None) -> tuple[str | None, str | None]:
-    """Return the caller's (namespace, pod) for records that name no pod (nvidia-smi)."""
-    return (identity.namespace, identity.pod) if identity is not None else (None, None)
 
 
 def _fallback(line: LogLine, identity: LogIdentity | None) -> LogLine:
