@@ -143,9 +143,15 @@ def _parse_text(
     if "\n" in stripped:  # a multi-line document the file reader yields whole
         head = stripped[:4096]
         if is_nvidia_smi_table(head):
-            return signals_from_nvidia_smi_table(stripped, source, default_time=default_time)
+            namespace, pod = _pod_of(identity)
+            return signals_from_nvidia_smi_table(
+                stripped, source, default_time=default_time, namespace=namespace, pod=pod
+            )
         if is_kubectl_text(head):
-            return signals_from_kubectl_text(stripped, source, default_time=default_time)
+            namespace = identity.namespace if identity is not None else None
+            return signals_from_kubectl_text(
+                stripped, source, default_time=default_time, namespace=namespace
+            )
     return _from_text(stripped, source, default_time, identity, not_after)
 
 
@@ -249,7 +255,10 @@ def _from_text(
         return [sig]
     try:
         if "," in stripped and "{" not in stripped:
-            table = signals_from_csv_line(stripped, source, default_time=default_time)
+            namespace, pod = _pod_of(identity)
+            table = signals_from_csv_line(
+                stripped, source, default_time=default_time, namespace=namespace, pod=pod
+            )
             if table is not None:
                 return table
         return signals_from_exposition_line(stripped, source, default_time=default_time)
@@ -258,6 +267,11 @@ def _from_text(
             raise
     line = parse_raw_line(stripped, identity, default_time=default_time, not_after=not_after)
     return signals_from_log(line, source)
+
+
+def _pod_of(identity: LogIdentity | None) -> tuple[str | None, str | None]:
+    """Return the caller's (namespace, pod) for records that name no pod (nvidia-smi)."""
+    return (identity.namespace, identity.pod) if identity is not None else (None, None)
 
 
 def _fallback(line: LogLine, identity: LogIdentity | None) -> LogLine:
