@@ -76,8 +76,8 @@ def test_an_armed_replay_reloads_triton_and_limits_at_kong(
     assert create.body == {
         "name": "rate-limiting",
         "enabled": True,
-        "config": {"second": 1, "minute": 48, "policy": "local", "limit_by": "service"},
-    }  # the aggregate budget 0.8/s = 48/min for the whole service, at most 1 in any second
+        "config": {"second": 1, "minute": 49, "policy": "local", "limit_by": "service"},
+    }  # the aggregate budget 0.817/s = 49/min for the whole service, at most 1 in any second
 
 
 def test_not_armed_sends_no_mutation(servers: dict[str, FakeServer], tmp_path: Path) -> None:
