@@ -10,9 +10,12 @@ Rules, in order:
    ``<namespace>-<service>-<port>`` with the service named after the workload;
    a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;
 2. labels that name the top controller, above the pod's immediate owner: a LeaderWorkerSet
-   (``leaderworkerset.sigs.k8s.io/name``; its pods are owned by StatefulSets, one per group)
-   and an Argo Rollout (``rollouts-pod-template-hash``; its pods are owned by ReplicaSets);
-3. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>`` or a StatefulSet;
+   (``leaderworkerset.sigs.k8s.io/name``; its pods are owned by StatefulSets, one per group),
+   a KServe InferenceService (``serving.kserve.io/inferenceservice``), a KubeRay RayCluster
+   (``ray.io/cluster``) and an Argo Rollout (``rollouts-pod-template-hash``; its pods are
+   owned by ReplicaSets);
+3. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>``, else the owner itself
+   (StatefulSet, Job, a custom resource), except a Node (a static pod's mirror);
 4. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
 5. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
 A pod's workload is cached with the rule that named it; a later signal of the pod that an
@@ -215,13 +218,25 @@ def workload_of_pod(
     return kind, name
 
 
+# Labels naming the top controller a pod serves (one model endpoint), above its immediate
+# owner: https://lws.sigs.k8s.io/docs/reference/labels-annotations-and-environment-variables/,
+# https://kserve.github.io/website/ (serving.kserve.io/inferenceservice on predictor pods),
+# https://docs.ray.io/en/latest/cluster/kubernetes/ (ray.io/cluster on KubeRay pods).
+_CONTROLLER_LABELS = (
+    ("leaderworkerset.sigs.k8s.io/name", "LeaderWorkerSet"),
+    ("serving.kserve.io/inferenceservice", "InferenceService"),
+    ("ray.io/cluster", "RayCluster"),
+)
+
+
 def classify_pod(
     pod: str, labels: dict[str, str], owner: tuple[str, str] | None
 ) -> tuple[str, str, int]:
     """Return ``(kind, name, authority)`` of ``pod``'s controller (``BY_NAME`` ...
     ``BY_CONTROLLER_LABEL``: which rule of the module docstring named it)."""
-    if lws := labels.get("leaderworkerset.sigs.k8s.io/name"):
-        return "LeaderWorkerSet", lws, BY_CONTROLLER_LABEL
+    for label, kind in _CONTROLLER_LABELS:
+        if name := labels.get(label):
+            return kind, name, BY_CONTROLLER_LABEL
     rollout_hash = labels.get("rollouts-pod-template-hash")
     if rollout_hash and f"-{rollout_hash}-" in pod:
         return "Rollout", pod.rsplit(f"-{rollout_hash}-", 1)[0], BY_CONTROLLER_LABEL
@@ -230,8 +245,8 @@ def classify_pod(
         if kind == "ReplicaSet":
             m = _RS_NAME.match(name)
             return ("Deployment", m["name"], BY_OWNER) if m else ("ReplicaSet", name, BY_OWNER)
-        if kind in ("StatefulSet", "Deployment", "DaemonSet", "Job"):
-            return kind, name, BY_OWNER
+        if kind != "Node":  # a static pod's mirror names its node: the pod's name decides
+            return kind, name, BY_OWNER  # StatefulSet, Job, or a CRD (RayCluster ...) itself
     rs_hash = labels.get("pod-template-hash")
     if rs_hash and f"-{rs_hash}-" in pod:
         return "Deployment", pod.rsplit(f"-{rs_hash}-", 1)[0], BY_LABEL

@@ -20,6 +20,17 @@ LWS = "leaderworkerset.sigs.k8s.io/name"
         # Argo Rollout: the ReplicaSet <rollout>-<hash> is not a Deployment's
         ("llm-6d9f8b7c5d-x2x9k", {"rollouts-pod-template-hash": "6d9f8b7c5d"},
          ("ReplicaSet", "llm-6d9f8b7c5d"), ("Rollout", "llm")),
+        # KServe: the InferenceService is the endpoint, not its predictor Deployment
+        ("llama-predictor-00001-deployment-6d9f8b7c5d-x2x9k",
+         {"serving.kserve.io/inferenceservice": "llama", "pod-template-hash": "6d9f8b7c5d"},
+         ("ReplicaSet", "llama-predictor-00001-deployment-6d9f8b7c5d"),
+         ("InferenceService", "llama")),
+        # KubeRay: head and workers of one RayCluster, whatever their groups
+        ("raysvc-gpu-group-worker-x2x9k", {"ray.io/cluster": "raysvc"},
+         ("RayCluster", "raysvc"), ("RayCluster", "raysvc")),
+        # an owner of another kind is the controller; a Node (static pod) is not
+        ("trainer-x", {}, ("Job", "trainer"), ("Job", "trainer")),
+        ("kube-apiserver-master", {}, ("Node", "master"), ("unknown", "kube-apiserver-master")),
         # unchanged: a Deployment's pod and a plain StatefulSet's
         ("llm-6d9f8b7c5d-x2x9k", {"pod-template-hash": "6d9f8b7c5d"},
          ("ReplicaSet", "llm-6d9f8b7c5d"), ("Deployment", "llm")),
