@@ -40,19 +40,30 @@ def render_report(result: ReplayResult, console: Console) -> None:
         console.print(f"  {_t(v['reason'])}", soft_wrap=True)
 
 
+# Reasons that are expected, not a gap: a web server's own access lines (static files) name
+# no upstream and no workload. They are noted, not warned about.
+EXPECTED_REASONS = frozenset({"no upstream on the line"})
+_NOTE, _WARNING = "[dim]note:[/dim]", "[yellow]warning:[/yellow]"
+
+
 def _render_unattributed(ev: dict[str, Any], console: Console) -> None:
     """Warn of every signal that named no workload: kind, reason, a few examples, the fix."""
     if not ev["unattributed"]:
         return
+    reasons = ev.get("unattributed_by_reason", [])
+    expected = all(r["reason"] in EXPECTED_REASONS for r in reasons) and reasons
+    head = _NOTE if expected else _WARNING
     console.print(
-        f"  [yellow]warning:[/yellow] {_t(ev['unattributed'])} signal(s) named no workload "
+        f"  {head} {_t(ev['unattributed'])} signal(s) named no workload "
         "and were left out of correlation"
     )
-    for r in ev.get("unattributed_by_reason", []):
+    for r in reasons:
         label = KIND_LABELS.get(r["kind"], r["kind"])
+        head = (
+            "[dim]note:[/dim]" if r["reason"] in EXPECTED_REASONS else "[yellow]warning:[/yellow]"
+        )
         console.print(
-            f"  [yellow]warning:[/yellow] {_t(r['count'])} unattributed {_t(label)} "
-            f"signal(s): {_t(r['reason'])}",
+            f"  {head} {_t(r['count'])} unattributed {_t(label)} signal(s): {_t(r['reason'])}",
             soft_wrap=True,
         )
         console.print(f"    to tie them: {_t(r['hint'])}", soft_wrap=True)

@@ -95,3 +95,20 @@ def test_report_silent_when_everything_attributed() -> None:
     out = _render(EventCounts(signals=3))
     assert "unattributed" not in out
     assert "warning" not in out
+
+
+def test_a_web_servers_own_lines_are_noted_not_warned_about() -> None:
+    from rich.console import Console
+
+    from detector.cli.report import _render_unattributed
+
+    reason = {"kind": "lb_response", "reason": "no upstream on the line", "hint": "h",
+              "count": 3, "examples": []}  # fmt: skip
+    console = Console(record=True, width=200)
+    _render_unattributed({"unattributed": 3, "unattributed_by_reason": [reason]}, console)
+    out = console.export_text()
+    assert "note: 3 signal(s) named no workload" in out and "warning" not in out
+    oom = {**reason, "kind": "gpu_oom", "reason": "no namespace"}
+    console = Console(record=True, width=200)
+    _render_unattributed({"unattributed": 4, "unattributed_by_reason": [oom, reason]}, console)
+    assert "warning: 4 signal(s) named no workload" in console.export_text()
