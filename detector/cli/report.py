@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from detector.report.document import CORE_SIGNALS, ReplayResult, to_document
+from detector.report.document import CORE_SIGNALS, ReplayResult, past_expiry, to_document
 from detector.textsafe import printable
 
 KIND_LABELS = {"gpu_oom": "GPU OOM", "gpu_memory": "GPU memory", "lb_response": "load-balancer"}
@@ -113,9 +113,7 @@ def _render_outcome(s: dict[str, Any], console: Console) -> None:
     who = f" by {approval['decided_by']}" if approval.get("decided_by") else ""
     check = s["verification"]
     status = approval["status"]
-    expires = approval.get("expires_at")
-    if status == "pending" and expires and datetime.fromisoformat(expires) <= datetime.now(UTC):
-        when = datetime.fromisoformat(expires).astimezone(UTC)
+    if (when := past_expiry(approval)) is not None:
         status = f"pending, past its expiry ({when:%Y-%m-%d %H:%M:%S} UTC): no longer decidable"
     plan = f" (plan {approval['plan']})" if approval.get("plan") and status == "pending" else ""
     line = (

@@ -6,7 +6,6 @@ import json
 import logging
 import signal
 import threading
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -19,7 +18,7 @@ from detector import db
 from detector.cli.settings import cli_settings
 from detector.config import KafkaSettings
 from detector.errors import ConfigError, DetectorError
-from detector.report.document import incident_document
+from detector.report.document import incident_document, past_expiry
 from detector.report.read import load_incidents
 from detector.stream.app import produce_files, run_stream
 from detector.textsafe import printable
@@ -145,7 +144,7 @@ def _waiting(inc: dict[str, Any]) -> list[str]:
             continue
         plan, who = approval.get("plan"), approval.get("approver_group")
         expires = approval.get("expires_at")
-        if expires and datetime.fromisoformat(expires) <= datetime.now(UTC):
+        if past_expiry(approval) is not None:
             lines.append(
                 f"  step {step['position']} {step['action']} asked {who} until {expires}: "
                 "expired, no longer decidable"

@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from detector.correlate.unattributed import UnattributedReason
@@ -190,3 +191,15 @@ def _typed(key: str, value: Any) -> Any:
     if isinstance(decoded, float) and not math.isfinite(decoded):
         return value
     return decoded
+
+
+def past_expiry(approval: Mapping[str, Any], now: datetime | None = None) -> datetime | None:
+    """Return when a pending ``approval_state`` expired by the wall clock, else None.
+
+    Such an approval can no longer be decided (``runbooks.approvals.decide`` refuses it).
+    """
+    expires = approval.get("expires_at")
+    if approval.get("status") != "pending" or not expires:
+        return None
+    when = datetime.fromisoformat(expires).astimezone(UTC)
+    return when if when <= (now or datetime.now(UTC)) else None

@@ -88,12 +88,9 @@ def request(
     }
     insert_ignore(session, StepApproval, values, ["incident_id", "step_id"])
     session.expire(incident, ["approvals"])
-    return _row(session, incident.id, step_id)
-
-
-def _row(session: Session, incident_id: int, step_id: str) -> StepApproval:
-    stmt = select(StepApproval).filter_by(incident_id=incident_id, step_id=step_id)
-    return session.scalars(stmt).one()
+    row = _row(session, incident, step_id)
+    assert row is not None  # inserted or already there
+    return row
 
 
 @store_errors
@@ -122,7 +119,7 @@ def _set_pending(session: Session, row: StepApproval, **values: Any) -> bool:
     return won
 
 
-def _pending_row(session: Session, incident: Incident, step_id: str) -> StepApproval | None:
+def _row(session: Session, incident: Incident, step_id: str) -> StepApproval | None:
     stmt = select(StepApproval).filter_by(incident_id=incident.id, step_id=step_id)
     return session.scalars(stmt).one_or_none()
 
@@ -135,7 +132,7 @@ def close_pending(
 
     Nothing is applied. Returns False when the row was not pending (a person decided first).
     """
-    row = _pending_row(session, incident, step_id)
+    row = _row(session, incident, step_id)
     if row is None:
         return False
     status = ApprovalStatus(status).value
@@ -158,7 +155,7 @@ def rerequest(
     A decision on the old plan (its digest) is refused from then on. False when the row was
     not pending (a person decided first: that decision is read next).
     """
-    row = _pending_row(session, incident, step_id)
+    row = _row(session, incident, step_id)
     if row is None:
         return False
     values = {
