@@ -390,6 +390,9 @@ class WebSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    base_url: str = Field(
+        "", description="where people reach the web pages, e.g. https://detector.example.com"
+    )
 
     @field_validator("tokens")
     @classmethod
@@ -398,6 +401,40 @@ class WebSettings(BaseModel):
         if short:
             raise ValueError(f"tokens shorter than {MIN_TOKEN_CHARS} characters: {short}")
         return value
+
+
+class SlackSettings(BaseModel):
+    """Slack: the incident message, its thread and the Approve/Deny buttons.
+
+    Notifications are on when ``bot_token`` and ``channel`` are set. ``channels`` sends a
+    namespace's incidents to its own channel; ``mention`` (e.g. ``<!subteam^S0123>`` or
+    ``<@U0123>``) is written into the reply that announces ``cascading``. Interactions arrive
+    signed at ``POST /slack/interactions`` (``signing_secret``) or over Socket Mode
+    (``app_token``, an ``xapp-`` token). ``api_url`` is the Web API base URL.
+    """
+
+    bot_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    app_token: SecretStr | None = None
+    channel: str = ""
+    channels: dict[str, str] = Field(default_factory=dict, description="namespace -> channel")
+    mention: str = ""
+    api_url: str = "https://slack.com/api/"
+    coalesce_s: float = Field(
+        15.0, ge=0, description="timeline entries this close in event time share one reply"
+    )
+    lease_s: float = Field(
+        60.0, gt=0, description="a sender's hold on an incident's thread, renewed per delivery"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Return True when messages can be posted (a bot token and a channel are set)."""
+        return self.bot_token is not None and bool(self.channel or self.channels)
+
+    def channel_for(self, namespace: str) -> str:
+        """Return the channel of a namespace's incidents (``channels``, else ``channel``)."""
+        return self.channels.get(namespace, self.channel)
 
 
 class Settings(BaseSettings):
@@ -416,6 +453,7 @@ class Settings(BaseSettings):
     dry_run: bool = True
     containment: ContainmentSettings = Field(default_factory=ContainmentSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
 
 
 class UpstreamMapping(BaseModel):

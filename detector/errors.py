@@ -7,6 +7,7 @@ DetectorError                      root of every error raised on purpose; ``reas
 ├── StreamError                    the Kafka broker or client failed (poll, commit, produce)
 ├── RunbookError                   a runbook definition or its rendering is invalid
 ├── ApprovalError                  a decision (approve, deny, arm, disarm, kill switch) was refused
+├── NotifyError                    Slack refused or could not be reached (``detector.notify.slack``)
 ├── GpuError                       NVML failed (``detector.gpu.nvml``; reason: NVML's error name)
 └── ActuatorError                  an actuator could not plan, apply, verify or revert a change
     │                              (``detector.actuators.base``; reasons: ``actuators.base.Reason``)
@@ -52,6 +53,11 @@ class StreamError(DetectorError):
 
 class RunbookError(DetectorError):
     """A runbook definition is invalid or a parameter failed to render."""
+
+
+class NotifyError(DetectorError):
+    """A notification could not be delivered: ``reason`` is Slack's error code
+    (``channel_not_found``, ``ratelimited`` ...) or ``unreachable``; the outbox keeps it."""
 
 
 class ApprovalError(DetectorError):

@@ -1,4 +1,4 @@
-"""The pipeline: parse -> correlate -> record -> contain; replay of recorded streams through it.
+"""The pipeline: parse -> correlate -> record -> contain -> notify; replay of recorded streams.
 
 Each file is one stream, roughly in event-time order; the streams are merged by event
 time (a k-way merge, so memory stays bounded by the number of files), as a Kafka consumer
@@ -18,10 +18,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from detector import db
-from detector.config import Settings, load_workload_map
+from detector.config import Settings, SlackSettings, load_workload_map
 from detector.correlate.correlator import Correlator
 from detector.correlate.state import Decision
-from detector.errors import ParseError
+from detector.errors import ConfigError, ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init
 from detector.events.reader import iter_files, read_records
@@ -29,6 +29,7 @@ from detector.events.sources.raw_text import LogIdentity, dated_time
 from detector.incidents import service
 from detector.incidents.flows import IncidentRecorder, answer, decision_time
 from detector.incidents.models import DeadLetter, Incident
+from detector.notify import flows as notify_flows
 from detector.report.document import EventCounts, ReplayResult
 from detector.report.read import load_incidents, load_verdicts
 from detector.runbooks.bindings.registry import step_actuators
@@ -183,7 +184,8 @@ BatchStage = Callable[[Batch, Session], None]
 @dataclass
 class Processor:
     """The stage shared by replay and run: correlate each signal, then pass its decisions
-    through the batch stages (``record`` -> ``contain``), in the caller's transaction.
+    through the batch stages (``record`` -> ``contain`` -> ``notify``), in the caller's
+    transaction. ``notify`` queues Slack's messages in the outbox when ``slack.enabled``.
 
     ``clock`` is the event time reached (the latest decision's); ``seen`` and ``verdicts``
     are the keys of the incidents and verdicts written, in order, for the replay's result.
@@ -191,6 +193,7 @@ class Processor:
 
     correlator: Correlator
     containment: ContainmentFlows
+    slack: SlackSettings = field(default_factory=SlackSettings)
     recorder: IncidentRecorder = field(default_factory=IncidentRecorder)
     counts: EventCounts = field(default_factory=EventCounts)
     clock: float = 0.0
@@ -205,11 +208,13 @@ class Processor:
         )
         runbook = load_runbook(settings.runbook_path)
         flows = ContainmentFlows.from_settings(runbook, settings, step_actuators(settings))
-        return cls(correlator, flows)
+        return cls(correlator, flows, settings.slack)
 
     @property
     def stages(self) -> tuple[BatchStage, ...]:
         """Return the stages a batch of decisions goes through, in order."""
+        if self.slack.enabled:
+            return (self.record, self.contain, self.notify)
         return (self.record, self.contain)
 
     def process(self, parsed: Parsed, session: Session) -> DeadLetter | None:
@@ -253,6 +258,11 @@ class Processor:
         for key, incident in batch.incidents.items():
             self._advance(key, incident, session)
 
+    def notify(self, batch: Batch, session: Session) -> None:
+        """Queue what the batch added to the incidents' timelines for Slack (the outbox)."""
+        for incident in batch.incidents.values():
+            notify_flows.queue(incident, session=session, slack=self.slack)
+
     def finish(self, session: Session) -> None:
         """Advance containment and answer the questions of every incident still held.
 
@@ -265,6 +275,7 @@ class Processor:
             if ctx is not None:
                 self._advance(key, incident, session)
                 answer(incident, ctx, session=session)
+                notify_flows.queue(incident, session=session, slack=self.slack)
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
         self.counts.unattributed_by_reason = self.correlator.unattributed_by_reason.reasons()
@@ -291,14 +302,22 @@ def replay(
     *,
     progress: Callable[[int], None] | None = None,
     identity: LogIdentity | None = None,
+    notify: bool = False,
 ) -> ReplayResult:
     """Run recorded files through the pipeline and store the result.
 
     ``progress`` is called with the byte size of each record read; ``identity`` names the
-    pod of plain-text log lines (files that are one pod's raw log). Raises
+    pod of plain-text log lines (files that are one pod's raw log); ``notify`` queues Slack's
+    messages in the outbox (``detector.notify.slack.notifier.deliver`` sends them). Raises
     FileNotFoundError for a missing path, ConfigError/RunbookError/StoreError on bad setup.
     """
     processor = Processor.from_settings(settings)
+    if not notify:
+        processor.slack = SlackSettings()  # a replay is quiet unless asked
+    elif not settings.slack.enabled:
+        raise ConfigError(
+            "--notify needs Slack: set DETECTOR_SLACK__BOT_TOKEN and DETECTOR_SLACK__CHANNEL"
+        )
     db.upgrade(settings.database.url)
     engine = db.make_engine(settings.database.url)
     make_session = db.session_factory(engine)

@@ -28,7 +28,8 @@ from detector import db
 from detector.cli.settings import cli_settings
 from detector.config import Settings
 from detector.errors import ApprovalError, ConfigError, DetectorError
-from detector.runbooks import approvals, controls, flows
+from detector.notify import flows as notify_flows
+from detector.runbooks import approvals, controls
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.runbooks.models import StepApproval
 from detector.textsafe import printable
@@ -107,7 +108,12 @@ def _decide(request: DecisionRequest, url: str | None) -> None:
     """Carry out ``request`` through the one decide flow and print what it changed."""
 
     def work(settings: Settings, session: Session) -> str:
-        done = flows.decide(request, session=session, approvers=settings.containment.approvers)
+        done = notify_flows.decide(
+            request,
+            session=session,
+            approvers=settings.containment.approvers,
+            slack=settings.slack,
+        )
         row = done.approval
         if row is not None:
             step = f"step {row.position} {row.step_id} of {request.incident}"

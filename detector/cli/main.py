@@ -31,6 +31,7 @@ from detector.config import Settings
 from detector.errors import DetectorError
 from detector.events.reader import total_bytes
 from detector.events.sources.raw_text import LogIdentity
+from detector.notify.slack.notifier import deliver
 from detector.pipeline import replay
 from detector.report.document import ReplayResult, to_document
 from detector.textsafe import printable
@@ -71,11 +72,15 @@ def replay_cmd(
     workload: Annotated[
         str | None, typer.Option(help="owner of --pod: NAME (Deployment) or KIND/NAME")
     ] = None,
+    notify: Annotated[
+        bool, typer.Option("--notify", help="post the incidents to Slack (DETECTOR_SLACK__*)")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run).
 
     Plain-text logs (one pod's raw log, e.g. from kubectl logs) need --namespace and --pod.
+    With --notify, the incidents are posted to Slack as ``detector run`` would (a drill).
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     err = Console(stderr=True)
@@ -85,11 +90,18 @@ def replay_cmd(
         if namespace or pod:
             identity = LogIdentity(namespace, pod, container, workload, settings.cluster)
         result = _run_replay(
-            paths, settings, show_progress=not as_json, console=err, identity=identity
+            paths,
+            settings,
+            show_progress=not as_json,
+            console=err,
+            identity=identity,
+            notify=notify,
         )
     except (DetectorError, FileNotFoundError) as exc:
         err.print(f"[red]error:[/red] {escape(printable(str(exc)))}")
         raise typer.Exit(2) from exc
+    if notify:
+        _deliver(settings, err)
     if as_json:
         typer.echo(json.dumps(to_document(result), indent=2, default=str))
     else:
@@ -103,15 +115,27 @@ def _run_replay(
     show_progress: bool,
     console: Console,
     identity: LogIdentity | None,
+    notify: bool = False,
 ) -> ReplayResult:
     size = total_bytes(paths)
     if not show_progress or size < PROGRESS_MIN_BYTES:
-        return replay(paths, settings, identity=identity)
+        return replay(paths, settings, identity=identity, notify=notify)
     columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("replay", total=size)
         advance = lambda n: bar.advance(task, n)  # noqa: E731
-        return replay(paths, settings, progress=advance, identity=identity)
+        return replay(paths, settings, progress=advance, identity=identity, notify=notify)
+
+
+def _deliver(settings: Settings, err: Console) -> None:
+    """Post what the replay queued for Slack; on failure say so (it stays in the outbox)."""
+    try:
+        posted = deliver(settings)
+    except DetectorError as exc:
+        kept = "kept in the outbox: the next replay --notify, run or serve sends it"
+        err.print(f"[red]error:[/red] Slack: {escape(printable(str(exc)))} ({kept})")
+        raise typer.Exit(1) from exc
+    err.print(f"Slack: {posted} messages posted")
 
 
 @app.command("migrate")

@@ -38,7 +38,7 @@ class VictimOut(Out):
 
 
 class EvidenceOut(Out):
-    """A summary of one piece of evidence (without its raw text and attributes)."""
+    """One piece of evidence: its summary, the original record's text and the parsed figures."""
 
     id: int
     kind: str
@@ -46,6 +46,8 @@ class EvidenceOut(Out):
     time: datetime
     summary: str
     source: SourceText
+    text: str = ""
+    attrs: dict[str, Any] = {}
 
 
 class TimelineEntryOut(Out):

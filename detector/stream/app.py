@@ -15,6 +15,7 @@ from detector.errors import ParseError
 from detector.events.detect import parse_record
 from detector.events.model import SourcePos
 from detector.events.reader import iter_files, read_records
+from detector.notify.slack.notifier import Notifier
 from detector.stream.consumer import KafkaSource
 from detector.stream.loop import StreamLoop
 from detector.stream.producer import KafkaSink, ensure_topics
@@ -31,9 +32,15 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     db.upgrade(settings.database.url)
     engine = db.make_engine(settings.database.url)
     sink = KafkaSink(kafka.bootstrap_servers)
+    make_session = db.session_factory(engine)
+    notifier = Notifier(settings, make_session) if settings.slack.enabled else None
     try:
         ensure_topics(kafka.bootstrap_servers, [kafka.dead_letter_topic])
-        loop = StreamLoop(settings, db.session_factory(engine), sink)
+        loop = StreamLoop(settings, make_session, sink,
+                          on_commit=notifier.wake if notifier else lambda: None)  # fmt: skip
+        if notifier is not None:
+            notifier.start()
+            log.info("notifying slack channel=%s", settings.slack.channel or "per namespace")
         if kafka.metrics_port:
             loop.metrics.serve(kafka.metrics_port)
             log.info("serving /metrics port=%d", kafka.metrics_port)
@@ -45,6 +52,8 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
         finally:
             source.close()
     finally:
+        if notifier is not None:
+            notifier.stop()
         sink.close()
         engine.dispose()
 

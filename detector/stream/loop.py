@@ -71,11 +71,13 @@ class StreamLoop:
         make_session: Callable[[], Session],
         sink: Sink,
         metrics: LoopMetrics | None = None,
+        on_commit: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = settings
         self.metrics = metrics or LoopMetrics()
         self._make_session = make_session
         self._sink = sink
+        self._on_commit = on_commit  # e.g. wake the Slack sender: the outbox has news
         self._session = make_session()
         self.processor = Processor.from_settings(settings)
         self._source: Source | None = None
@@ -133,6 +135,7 @@ class StreamLoop:
         started = time.perf_counter()
         offsets = self._process(records)
         self._session.commit()
+        self._on_commit()
         self._backoff_s = 0.0  # the database took a batch: back to normal
         self._dirty = True
         self._observe(records, time.perf_counter() - started, lag)
@@ -225,6 +228,7 @@ class StreamLoop:
     def _answer_questions(self) -> None:
         self.processor.finish(self._session)
         self._session.commit()
+        self._on_commit()
         self._dirty = False
 
     def _rebuild(self, partition: Partition) -> None:

@@ -11,7 +11,9 @@ recorded on the timeline, and must be on the approver allow-list
 token; 403 when the owner may not approve; 404 for an unknown incident or step; 409 when the
 step is not waiting for approval (not requested yet, already decided, expired by the wall
 clock, withdrawn) or its plan changed; 503 when the store fails; nothing changes on a refusal.
-The same endpoint is the one Slack and the web page will call.
+Slack's clicks arrive signed at ``POST /slack/interactions`` (``detector.web.slack``) and go
+through the same decide flow; with Slack configured the app also runs the Slack sender (and
+Socket Mode with an app token) while it serves.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from pydantic import BaseModel, Field
 from detector import db
 from detector.config import Settings
 from detector.errors import ApprovalError, StoreError
-from detector.runbooks import flows
+from detector.notify import flows as notify_flows
+from detector.notify.slack.interactions import Interactions
+from detector.notify.slack.notifier import Notifier
 from detector.runbooks.flows import DecisionKind, DecisionRequest
+from detector.web.slack import add_slack_routes
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +76,15 @@ def create_app(settings: Settings) -> FastAPI:
         db.upgrade(url)
         engine = db.make_engine(url)
         state["sessions"] = db.session_factory(engine)
+        notifier = Notifier(settings, state["sessions"]) if settings.slack.enabled else None
+        if notifier is not None:
+            notifier.start()
+            state["notifier"] = notifier
         try:
             yield
         finally:
+            if notifier is not None:
+                notifier.stop()
             engine.dispose()
 
     app = FastAPI(
@@ -94,6 +105,12 @@ def create_app(settings: Settings) -> FastAPI:
             log.exception("request failed method=%s path=%s", request.method, request.url.path)
             return JSONResponse({"detail": "internal error"}, status_code=500)
 
+    def interactions() -> Interactions | None:
+        notifier = state.get("notifier")
+        return notifier.interactions if notifier is not None else None
+
+    add_slack_routes(app, settings.slack, interactions)
+
     def approver(authorization: Annotated[str | None, Header()] = None) -> str:
         scheme, _, presented = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
@@ -113,9 +130,13 @@ def create_app(settings: Settings) -> FastAPI:
         request = DecisionRequest(kind, "http", who, reason, incident=key, step=step, plan=plan)
         try:
             with state["sessions"]() as session:
-                row = flows.decide(request, session=session, approvers=allowed).approval
+                row = notify_flows.decide(
+                    request, session=session, approvers=allowed, slack=settings.slack
+                ).approval
                 assert row is not None
                 session.commit()
+                if "notifier" in state:
+                    state["notifier"].wake()
                 return {
                     "incident": key,
                     "step": row.step_id,

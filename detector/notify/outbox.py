@@ -1,0 +1,168 @@
+"""The outbox: queue what an incident's thread must tell, and claim it for sending.
+
+``enqueue`` runs in the transaction that wrote the timeline entries (the pipeline's notify
+stage, a decision's flow): it adds the incident's root-message row once and one
+``Notification`` per told entry not queued yet, so the entries and their notifications commit
+together. A sender takes the incident's thread on a lease (``lease``), counts each attempt
+in the store before it calls Slack, and marks what was sent after; a lease left by a sender
+that died runs out, and an attempted message is first looked for in Slack (by the key in its
+metadata) before it is posted again, so nothing is posted twice.
+
+Told entries: the incident opening, stage changes, victims, and every step event but the
+"planned" lines (the root message lists the steps and their state). Evidence lines are not
+told one by one: a storm of them would be hundreds of replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import and_, exists, not_, or_, select, update
+from sqlalchemy.orm import Session
+
+from detector.db import insert_ignore, store_errors
+from detector.incidents.models import Incident, TimelineEntry
+from detector.notify.models import Notification, NotificationThread
+
+
+def told() -> object:
+    """Return the SQL condition of the timeline entries a thread tells (see the module doc)."""
+    e = TimelineEntry
+    return or_(
+        e.kind.in_(("note", "stage")),
+        and_(e.kind == "signal", e.dedupe_key.like("victim:%")),
+        and_(e.kind == "step", not_(e.dedupe_key.like("%:planned"))),
+    )
+
+
+@store_errors
+def enqueue(*, session: Session, incident: Incident, channel: str) -> int:
+    """Queue the incident's root message (once) and its told entries not queued yet.
+
+    Runs in the caller's transaction; returns how many entries were queued. Raises StoreError.
+    """
+    insert_ignore(
+        session,
+        NotificationThread,
+        {"incident_id": incident.id, "channel": channel, "attempts": 0, "error": ""},
+        ["incident_id"],
+    )
+    queued = exists().where(Notification.entry_id == TimelineEntry.id)
+    stmt = (
+        select(TimelineEntry.id, TimelineEntry.time)
+        .where(TimelineEntry.incident_id == incident.id, told(), not_(queued))  # type: ignore[arg-type]
+        .order_by(TimelineEntry.id)
+    )
+    count = 0
+    for entry_id, time in session.execute(stmt):
+        values = {
+            "incident_id": incident.id,
+            "entry_id": entry_id,
+            "time": time,
+            "attempts": 0,
+            "error": "",
+        }
+        count += insert_ignore(session, Notification, values, ["entry_id"])
+    return count
+
+
+@store_errors
+def pending_incidents(*, session: Session) -> list[int]:
+    """Return the ids of incidents with a root message or a reply still to send."""
+    unsent = select(Notification.incident_id).where(Notification.sent_at.is_(None))
+    unposted = select(NotificationThread.incident_id).where(NotificationThread.ts.is_(None))
+    ids = set(session.scalars(unsent)) | set(session.scalars(unposted))
+    return sorted(ids)
+
+
+@store_errors
+def lease(*, session: Session, incident_id: int, lease_s: float) -> NotificationThread | None:
+    """Take the incident's thread for one delivery; commit. None: another sender holds it.
+
+    One sender at a time per incident, across processes: the lease is a compare-and-set of
+    ``claimed_at`` (wall clock); one older than ``lease_s`` seconds was left by a sender that
+    died. Raises StoreError.
+    """
+    now = datetime.now(UTC)
+    stale = now - timedelta(seconds=lease_s)
+    stmt = (
+        update(NotificationThread)
+        .where(
+            NotificationThread.incident_id == incident_id,
+            or_(NotificationThread.claimed_at.is_(None), NotificationThread.claimed_at < stale),
+        )
+        .values(claimed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    taken = session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+    session.commit()
+    return session.get(NotificationThread, incident_id, populate_existing=True) if taken else None
+
+
+@store_errors
+def release(*, session: Session, thread: NotificationThread, error: str = "") -> None:
+    """Give the thread's lease back, with the delivery's error ("" when none); commit."""
+    thread.claimed_at = None
+    thread.error = error[:500]
+    session.commit()
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One reply: its key (in Slack's message metadata), its entries, and whether it was
+    attempted before (Slack may hold it already: a crash or a lost answer)."""
+
+    key: str
+    entry_ids: list[int]
+    attempted: bool
+
+
+@store_errors
+def batches(*, session: Session, incident_id: int, coalesce_s: float) -> list[Batch]:
+    """Group the incident's unsent rows into replies, count the attempt, commit; oldest first.
+
+    Call under the thread's lease. Rows not in a reply yet are grouped in entry order: a row
+    joins the open reply while its event time is within ``coalesce_s`` of the reply's first
+    row. A reply keeps its rows once grouped (key ``<incident id>-<first row id>``), so a
+    retry posts the same reply. Raises StoreError.
+    """
+    stmt = (
+        select(Notification)
+        .where(Notification.incident_id == incident_id, Notification.sent_at.is_(None))
+        .order_by(Notification.entry_id)
+    )
+    rows = list(session.scalars(stmt))
+    _group(rows, incident_id, coalesce_s)
+    found: list[Batch] = []
+    for key in dict.fromkeys(r.batch for r in rows if r.batch is not None):
+        members = [r for r in rows if r.batch == key]
+        found.append(Batch(key, [r.entry_id for r in members], any(r.attempts for r in members)))
+        for r in members:
+            r.attempts += 1
+    session.commit()
+    return found
+
+
+def _group(rows: Sequence[Notification], incident_id: int, coalesce_s: float) -> None:
+    first: Notification | None = None
+    for row in rows:
+        if row.batch is not None:
+            continue
+        if first is None or abs((row.time - first.time).total_seconds()) > coalesce_s:
+            first = row
+            first.batch = f"{incident_id}-{row.id}"
+        row.batch = first.batch
+
+
+@store_errors
+def mark_sent(*, session: Session, batch: str, ts: str) -> None:
+    """Mark a reply's rows sent as Slack message ``ts``; commit. Raises StoreError."""
+    session.execute(
+        update(Notification)
+        .where(Notification.batch == batch)
+        .values(sent_at=datetime.now(UTC), ts=ts, error="")
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()

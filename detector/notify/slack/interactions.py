@@ -1,0 +1,167 @@
+"""Approve/Deny clicks from Slack, through the one decide flow; refusals as ephemeral messages.
+
+A ``block_actions`` payload (https://api.slack.com/reference/interaction-payloads/block-actions)
+is parsed once into a ``Click``. The Slack user is mapped to an approver of the allow-list
+(``DETECTOR_CONTAINMENT__APPROVERS``): ``slack:<user id>`` as listed, else the user's e-mail
+(``users.info``, scope ``users:read.email``) when the list names it. The decision goes
+through ``detector.notify.flows.decide`` (the decide flow, then the outbox), so the message
+is updated by the sender like any other change. A user not on the list, a step expired,
+withdrawn or already decided, or a plan that changed since the message was drawn is told
+why in an ephemeral message (``chat.postEphemeral``), and nothing changes. The transports
+(signed HTTP in ``detector.web``, Socket Mode in ``detector.notify.slack.socket``) verify
+and acknowledge first, then call ``Interactions.handle``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.signature import SignatureVerifier
+from sqlalchemy.orm import Session
+
+from detector.config import Settings
+from detector.errors import ApprovalError, NotifyError, StoreError
+from detector.notify import flows
+from detector.notify.slack.blocks import ActionId
+from detector.notify.slack.mrkdwn import text
+from detector.runbooks.flows import DecisionKind, DecisionRequest
+
+log = logging.getLogger(__name__)
+
+SLACK_PREFIX = "slack:"
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    """One Approve/Deny click: who, on which step of which incident, with the plan they saw."""
+
+    user_id: str
+    action: ActionId
+    incident: str
+    step: int
+    plan: str
+    channel: str
+
+
+def parse_click(payload: Mapping[str, Any]) -> Click | None:
+    """Return the Approve/Deny click of a ``block_actions`` payload; None for anything else."""
+    if payload.get("type") != "block_actions":
+        return None
+    actions = payload.get("actions") or []
+    user = (payload.get("user") or {}).get("id")
+    channel = (payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get(
+        "channel_id"
+    )
+    if not actions or not isinstance(user, str) or not isinstance(channel, str):
+        return None
+    action = actions[0]
+    try:
+        kind = ActionId(action.get("action_id"))
+        value = json.loads(action.get("value") or "")
+        return Click(user, kind, str(value["incident"]), int(value["step"]),
+                     str(value.get("plan") or ""), channel)  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Interactions:
+    """Carry out clicks; ``on_change`` is called after a decision committed (wake the sender)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: WebClient,
+        make_session: Callable[[], Session],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._settings = settings
+        self._approvers = tuple(settings.containment.approvers)
+        self._client = client
+        self._make_session = make_session
+        self._on_change = on_change
+
+    def handle(self, payload: Mapping[str, Any]) -> str | None:
+        """Carry out one interaction payload; return the refusal told to the user, if any."""
+        click = parse_click(payload)
+        if click is None:
+            return None
+        approver = self.approver(click.user_id)
+        if approver is None:
+            return self._refuse(
+                click,
+                "you are not on the approver allow-list: ask for `slack:"
+                f"{text(click.user_id, 40)}` (or your e-mail) in DETECTOR_CONTAINMENT__APPROVERS",
+            )
+        approve = click.action is ActionId.APPROVE
+        request = DecisionRequest(
+            DecisionKind.APPROVE if approve else DecisionKind.DENY,
+            "slack",
+            approver,
+            incident=click.incident,
+            step=str(click.step),
+            plan=click.plan,
+        )
+        try:
+            with self._make_session() as session:
+                flows.decide(request, session=session, approvers=self._approvers,
+                             slack=self._settings.slack)  # fmt: skip
+                session.commit()
+        except ApprovalError as exc:
+            return self._refuse(click, f"nothing changed: {text(exc.detail or exc.reason, 500)}")
+        except StoreError as exc:
+            log.warning("slack decision failed incident=%s error=%s", click.incident, exc)
+            return self._refuse(click, "nothing changed: the incident store is unavailable")
+        log.info("slack decision incident=%s step=%d action=%s by=%s", click.incident,
+                 click.step, click.action.value, approver)  # fmt: skip
+        self._on_change()
+        return None
+
+    def approver(self, user_id: str) -> str | None:
+        """Return the allow-list entry of a Slack user (``slack:<id>`` or e-mail), else None."""
+        tagged = SLACK_PREFIX + user_id
+        if tagged in self._approvers:
+            return tagged
+        if not any("@" in a for a in self._approvers):
+            return None
+        try:
+            profile = self._client.users_info(user=user_id)["user"].get("profile") or {}
+        except (SlackApiError, SlackClientError, OSError, KeyError) as exc:
+            log.warning("users.info failed user=%s error=%s", user_id, exc)
+            return None
+        email = str(profile.get("email") or "").lower()
+        return next((a for a in self._approvers if email and a.lower() == email), None)
+
+    def _refuse(self, click: Click, why: str) -> str:
+        try:
+            self._client.chat_postEphemeral(channel=click.channel, user=click.user_id, text=why)
+        except (SlackApiError, SlackClientError, OSError) as exc:
+            log.warning("ephemeral refusal failed user=%s error=%s", click.user_id, exc)
+        return why
+
+
+def signed_payload(body: bytes, timestamp: str, signature: str, secret: str) -> dict[str, Any]:
+    """Return the interaction payload of a signed request from Slack.
+
+    Checks ``X-Slack-Signature`` (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}`` with the
+    signing secret) and that ``X-Slack-Request-Timestamp`` is within 5 minutes of now
+    (https://api.slack.com/authentication/verifying-requests-from-slack), with slack_sdk's
+    ``SignatureVerifier``; then decodes the form field ``payload`` (JSON). Raises
+    NotifyError: ``bad_signature`` or ``bad_payload``.
+    """
+    if not SignatureVerifier(secret).is_valid(body, timestamp, signature):
+        raise NotifyError("bad_signature", "the Slack signature or timestamp is not valid")
+    try:
+        form = parse_qs(body.decode("utf-8"), strict_parsing=True)
+        payload = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError) as exc:
+        raise NotifyError("bad_payload", "no JSON payload form field") from exc
+    if not isinstance(payload, dict):
+        raise NotifyError("bad_payload", "the payload is not a JSON object")
+    return payload

@@ -1,0 +1,44 @@
+"""``POST /slack/interactions``: Slack's signed interaction requests (the Approve/Deny clicks).
+
+The request is verified (``detector.notify.slack.interactions.signed_payload``: a bad
+signature or a timestamp over 5 minutes old gets 401), acknowledged at once with an empty
+200 (Slack waits 3 s at most: https://api.slack.com/interactivity/handling#acknowledgment_response),
+and carried out after the answer is sent (a background task): the decision, and an
+ephemeral message to the user when it is refused. 404 when Slack is not configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import BackgroundTasks, FastAPI, HTTPException, Request, Response
+
+from detector.config import SlackSettings
+from detector.errors import NotifyError
+from detector.notify.slack.interactions import Interactions, signed_payload
+
+
+def add_slack_routes(
+    app: FastAPI, slack: SlackSettings, interactions: Callable[[], Interactions | None]
+) -> None:
+    """Add the interactions endpoint; ``interactions`` returns the handler once started."""
+
+    @app.post("/slack/interactions")
+    async def slack_interactions(request: Request, background: BackgroundTasks) -> Response:
+        """Verify, acknowledge, then carry out one Slack interaction."""
+        handler = interactions()
+        if slack.signing_secret is None or handler is None:
+            raise HTTPException(404, "Slack interactions are not configured")
+        body = await request.body()
+        try:
+            payload = signed_payload(
+                body,
+                request.headers.get("X-Slack-Request-Timestamp", ""),
+                request.headers.get("X-Slack-Signature", ""),
+                slack.signing_secret.get_secret_value(),
+            )
+        except NotifyError as exc:
+            status = 401 if exc.reason == "bad_signature" else 400
+            raise HTTPException(status, exc.detail) from exc
+        background.add_task(handler.handle, payload)
+        return Response(status_code=200)
