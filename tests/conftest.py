@@ -67,3 +67,14 @@ def postgres_url() -> Iterator[str]:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         engine.dispose()
+
+
+# The Slack emulator lives beside this file (tests/ is on sys.path, as for recordings.py).
+from slack_emulator import SlackEmulator  # noqa: E402
+
+
+@pytest.fixture
+def slack_emulator() -> Iterator[SlackEmulator]:
+    """Start a Slack emulator (Web API over HTTP, Socket Mode over WebSocket), stop it after."""
+    with SlackEmulator() as emulator:
+        yield emulator
