@@ -9,54 +9,25 @@ time (2025): its approval expired long ago and a decision on it is refused.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-import uvicorn
+from http_helpers import serving
 from recordings import awaiting_in_2025, awaiting_now
 
 from detector import db
 from detector.config import ContainmentSettings, DatabaseSettings, Settings, WebSettings
 from detector.incidents import service
 from detector.pipeline import replay
-from detector.web.app import create_app, token_owner
+from detector.web.app import token_owner
 
 ALICE = "alice-token-0123456789abcdef"
 EVE = "eve-token-0123456789abcdef00"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serving(settings: Settings) -> Iterator[str]:
-    """Serve the app for ``settings`` with uvicorn on a free loopback port; yield its base URL."""
-    port = _free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
