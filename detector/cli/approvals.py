@@ -273,7 +273,8 @@ def serve_cmd(
     database_url: DbOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Serve the approvals HTTP endpoint (POST /api/incidents/KEY/steps/STEP/approve|deny).
+    """Serve the approvals HTTP endpoint (POST /api/incidents/KEY/steps/STEP/approve|deny)
+    and, with Slack configured, Slack's interactions (POST /slack/interactions, Socket Mode).
 
     The store must exist and be migrated (``detector migrate``, or a detector that ran on it).
     """
@@ -289,7 +290,13 @@ def serve_cmd(
         typer.echo(printable(f"error: {exc}", one_line=True), err=True)
         raise typer.Exit(2) from exc
     if not settings.web.tokens:
-        typer.echo("warning: no DETECTOR_WEB__TOKENS: every request will be refused", err=True)
+        typer.echo("warning: no DETECTOR_WEB__TOKENS: every API request will be refused", err=True)
+    if not settings.containment.approvers:
+        typer.echo("warning: no DETECTOR_CONTAINMENT__APPROVERS: nobody may decide", err=True)
+    if settings.slack.enabled:
+        how = "Socket Mode" if settings.slack.app_token else "POST /slack/interactions"
+        typer.echo(f"slack: posting to {settings.slack.channel or 'per-namespace channels'}, "
+                   f"clicks via {how}", err=True)  # fmt: skip
     where = (host or settings.web.host, port if port is not None else settings.web.port)
     store = db.redact(settings.database.url)
     typer.echo(f"serving approvals on http://{where[0]}:{where[1]} for {store}", err=True)
