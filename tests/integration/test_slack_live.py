@@ -1,5 +1,6 @@
-"""Live: ``detector run`` posts to Slack from the outbox; a kill -9 between the database commit
-and Slack's answer, then a restart, neither loses nor repeats a message (Tansu + the emulator)."""
+"""Live: ``detector run`` posts to Slack from the outbox; while Slack does not answer the
+detector goes on consuming; a kill -9 between the database commit and Slack's answer, then a
+restart, neither loses nor repeats a message (Tansu + the emulator)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def test_kill_9_between_the_commit_and_slack_then_a_restart_posts_each_message_o
     proc = start_detector(kafka_bootstrap, prefix, sqlite_url, log)
     try:
         emu.wait_for(lambda e: e.held_requests >= 1, timeout=WAIT_S, what="a held Slack call")
+        wait_committed(kafka_bootstrap, prefix, expected, proc)  # detection goes on meanwhile
     finally:
         proc.kill()  # kill -9 while the root message is in Slack's hands, unanswered
         proc.wait()
