@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, exists, not_, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from detector.db import insert_ignore, store_errors
@@ -27,7 +27,7 @@ from detector.incidents.models import Incident, TimelineEntry
 from detector.notify.models import Notification, NotificationThread
 
 
-def told() -> object:
+def told() -> ColumnElement[bool]:
     """Return the SQL condition of the timeline entries a thread tells (see the module doc)."""
     e = TimelineEntry
     return or_(
@@ -52,7 +52,7 @@ def enqueue(*, session: Session, incident: Incident, channel: str) -> int:
     queued = exists().where(Notification.entry_id == TimelineEntry.id)
     stmt = (
         select(TimelineEntry.id, TimelineEntry.time)
-        .where(TimelineEntry.incident_id == incident.id, told(), not_(queued))  # type: ignore[arg-type]
+        .where(TimelineEntry.incident_id == incident.id, told(), not_(queued))
         .order_by(TimelineEntry.id)
     )
     count = 0
@@ -99,6 +99,13 @@ def lease(*, session: Session, incident_id: int, lease_s: float) -> Notification
     taken = session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
     session.commit()
     return session.get(NotificationThread, incident_id, populate_existing=True) if taken else None
+
+
+@store_errors
+def renew(*, session: Session, thread: NotificationThread) -> None:
+    """Extend the sender's lease before a call to Slack (a slow Slack must not lose it)."""
+    thread.claimed_at = datetime.now(UTC)
+    session.commit()
 
 
 @store_errors

@@ -30,6 +30,7 @@ from detector.config import (
     WebSettings,
 )
 from detector.lab.recording import DEATHS
+from detector.notify import outbox
 from detector.notify.models import Notification, NotificationThread
 from detector.notify.slack.notifier import Notifier, deliver
 from detector.pipeline import replay
@@ -283,3 +284,53 @@ def test_a_sender_that_died_after_slack_got_the_message_does_not_post_it_twice(
     assert len(emu.calls_to("chat.postMessage")) == before  # every message was found
     assert len(_roots(emu)) == 1
     assert emu.calls_to("conversations.history") and emu.calls_to("conversations.replies")
+
+
+@pytest.mark.postgres
+def test_on_postgresql_one_sender_at_a_time_and_each_message_once(
+    slack_emulator: SlackEmulator, postgres_url: str, tmp_path: Path
+) -> None:
+    emu = slack_emulator
+    settings = _settings(emu, postgres_url)
+    start = time.time() - AWAITING_S - 30.0
+    replay([cascade(tmp_path / "rec", start=start, until_s=AWAITING_S)], settings, notify=True)
+    engine = db.make_engine(postgres_url)
+    sessions = db.session_factory(engine)
+    try:
+        with sessions() as one, sessions() as two:
+            incident_id = outbox.pending_incidents(session=one)[0]
+            held = outbox.lease(session=one, incident_id=incident_id, lease_s=60)
+            assert held is not None
+            assert outbox.lease(session=two, incident_id=incident_id, lease_s=60) is None
+            outbox.release(session=one, thread=held)
+        assert deliver(settings) >= 2
+        assert deliver(settings) == 0
+        assert len(_roots(emu)) == 1
+        with sessions() as session:
+            unsent = select(Notification).where(Notification.sent_at.is_(None))
+            assert not session.scalars(unsent).all()
+    finally:
+        engine.dispose()
+
+
+def test_a_hostile_log_line_reaches_slack_as_literal_text(
+    slack_emulator: SlackEmulator, tmp_path: Path
+) -> None:
+    emu = slack_emulator
+    settings = _settings(emu, f"sqlite:///{tmp_path / 'store.db'}")
+    rec = cascade(tmp_path / "rec", start=time.time() - AWAITING_S - 30.0, until_s=AWAITING_S)
+    logs = rec / "container-logs.jsonl"
+    hostile = "<!channel> <@U123> <http://x|y> & \\u001b[2J"
+    lines = logs.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if "CUDA out of memory" in line)
+    lines[first] = lines[first].replace("CUDA out of memory.", f"CUDA out of memory. {hostile}")
+    logs.write_text("\n".join(lines) + "\n")
+    replay([rec], settings, notify=True)
+    deliver(settings)
+    [root] = _roots(emu)
+    shown = json.dumps(root["blocks"], ensure_ascii=False)
+    assert "&lt;!channel&gt; &lt;@U123&gt; &lt;http://x|y&gt; &amp; \\\\x1b[2J" in shown
+    for message in emu.messages(CHANNEL):
+        body = json.dumps(message.get("blocks"), ensure_ascii=False) + message["text"]
+        assert "<!channel>" not in body and "<@U123>" not in body and "<http://x" not in body
+        assert "\x1b" not in body

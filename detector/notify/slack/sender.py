@@ -115,6 +115,7 @@ class SlackSender:
             reply = reply_message(inc, told, batch.key, self._slack.mention)
             ts = self._find_reply(thread, batch.key) if batch.attempted else None
             if ts is None:
+                outbox.renew(session=session, thread=thread)
                 ts = self._post(thread.channel, reply, thread_ts=thread.ts)
                 posted += 1
             outbox.mark_sent(session=session, batch=batch.key, ts=ts)
@@ -132,7 +133,7 @@ class SlackSender:
     ) -> int:
         found = self._find_root(thread.channel, key) if thread.attempts else None
         thread.attempts += 1
-        session.commit()  # the attempt is on record before Slack may have the message
+        outbox.renew(session=session, thread=thread)  # the attempt is on record first
         posted = 0
         if found is None:
             answer = self._call(
