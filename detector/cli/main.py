@@ -135,7 +135,7 @@ def _deliver(settings: Settings, err: Console) -> None:
         kept = "kept in the outbox: the next replay --notify, run or serve sends it"
         err.print(f"[red]error:[/red] Slack: {escape(printable(str(exc)))} ({kept})")
         raise typer.Exit(1) from exc
-    err.print(f"Slack: {posted} messages posted")
+    err.print(f"Slack: {posted} messages posted or updated")
 
 
 @app.command("migrate")

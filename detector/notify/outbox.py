@@ -102,10 +102,12 @@ def lease(*, session: Session, incident_id: int, lease_s: float) -> Notification
 
 
 @store_errors
-def renew(*, session: Session, thread: NotificationThread) -> None:
-    """Extend the sender's lease before a call to Slack (a slow Slack must not lose it)."""
-    thread.claimed_at = datetime.now(UTC)
-    session.commit()
+def renew(*, session: Session, thread: NotificationThread, lease_s: float) -> None:
+    """Extend the sender's lease when a quarter of it has passed (a slow Slack keeps it)."""
+    now = datetime.now(UTC)
+    if thread.claimed_at is None or now - thread.claimed_at > timedelta(seconds=lease_s / 4):
+        thread.claimed_at = now
+        session.commit()
 
 
 @store_errors

@@ -2,11 +2,13 @@
 
 ``Notifier.start()`` starts a thread that drains the outbox whenever ``wake()`` is called
 (after each committed batch or decision) and at least every ``POLL_S`` (rows another process
-wrote); a failed delivery waits with exponential backoff (``BACKOFF_S``..``MAX_BACKOFF_S``)
-while the detector goes on detecting; the outbox catches up once Slack answers. With an app
-token (``xapp-``) it also connects over Socket Mode
-(https://api.slack.com/apis/socket-mode): each interactive envelope is acknowledged first,
-then handled (``detector.notify.slack.interactions``), so no public ingress is needed.
+wrote), at most once per ``SEND_INTERVAL_S`` after a drain that sent (Slack's guidance is about
+one message a second per channel: https://api.slack.com/apis/rate-limits). A failed delivery
+waits with exponential backoff (``BACKOFF_S``..``MAX_BACKOFF_S``) while the detector goes on
+detecting; the outbox catches up once Slack answers. With an app token (``xapp-``) it also
+connects over Socket Mode (https://api.slack.com/apis/socket-mode): each interactive
+envelope is acknowledged first, then handled (``detector.notify.slack.interactions``), so no
+public ingress is needed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from detector.notify.slack.sender import SlackSender
 log = logging.getLogger(__name__)
 
 POLL_S = 2.0
+SEND_INTERVAL_S = 0.5  # between drains that sent: Slack takes about 1 message/s per channel
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 
@@ -88,8 +91,10 @@ class Notifier:
             self._wake.wait(backoff or POLL_S)
             self._wake.clear()
             try:
-                self.sender.drain()
+                sent = self.sender.drain()
                 backoff = 0.0
+                if sent:  # what arrives meanwhile goes into fewer, fuller replies
+                    self._stop.wait(SEND_INTERVAL_S)
             except (NotifyError, StoreError) as exc:
                 backoff = min(max(backoff * 2, BACKOFF_S), MAX_BACKOFF_S)
                 log.warning("slack sender retrying error=%s backoff_s=%.0f", exc, backoff)
@@ -105,7 +110,8 @@ class Notifier:
 
 
 def deliver(settings: Settings, client: WebClient | None = None) -> int:
-    """Send what the outbox holds once (``detector replay --notify``); return messages posted.
+    """Send what the outbox holds once (``detector replay --notify``); return how many
+    messages were posted or updated.
 
     Raises NotifyError (what failed stays in the outbox for the next try), StoreError.
     """

@@ -46,7 +46,7 @@ LOOKUP_PAGES = 5  # pages of 200 messages searched for a message attempted befor
 
 
 class SlackSender:
-    """Send what the outbox holds; ``drain`` returns how many Slack messages it posted."""
+    """Send what the outbox holds; ``drain`` returns how many messages it posted or updated."""
 
     def __init__(
         self, settings: Settings, client: WebClient, make_session: Callable[[], Session]
@@ -76,7 +76,8 @@ class SlackSender:
         return posted
 
     def deliver(self, incident_id: int) -> int:
-        """Deliver one incident's unsent messages under its lease; return how many were posted.
+        """Deliver one incident's unsent messages under its lease; return how many messages
+        were posted or updated.
 
         Raises NotifyError (the lease is given back with the error), StoreError.
         """
@@ -94,28 +95,24 @@ class SlackSender:
             return posted
 
     def _deliver(self, session: Session, thread: NotificationThread) -> int:
-        incident = session.get(Incident, thread.incident_id)
-        assert incident is not None
-        inc = load_incidents(session=session, keys=[incident.key])[0].model_dump(mode="json")
-        doc = incident_document(inc)
-        options = Options(
-            self._base_url,
-            self._correlate.memory_ceiling,
-            self._correlate.kv_cache_ceiling,
-            datetime.now(UTC),
-        )
-        root = root_message(inc, doc, options)
+        # Group and count the replies first, then read the incident: the read then holds every
+        # entry the replies tell (rows are committed with their entries) and the latest state.
+        batches = outbox.batches(session=session, incident_id=thread.incident_id,
+                                 coalesce_s=self._slack.coalesce_s)  # fmt: skip
+        inc, root = self._read(session, thread.incident_id)
         posted = 0
         if thread.ts is None:
             posted += self._post_root(session, thread, inc["key"], root)
         entries = {e["id"]: e for e in inc["timeline"]}
-        for batch in outbox.batches(session=session, incident_id=thread.incident_id,
-                                    coalesce_s=self._slack.coalesce_s):  # fmt: skip
+        for batch in batches:
             told = [entries[i] for i in batch.entry_ids if i in entries]
-            reply = reply_message(inc, told, batch.key, self._slack.mention)
+            if len(told) != len(batch.entry_ids):  # never expected: keep it for the next try
+                log.warning("reply entries not found batch=%s", batch.key)
+                continue
             ts = self._find_reply(thread, batch.key) if batch.attempted else None
             if ts is None:
-                outbox.renew(session=session, thread=thread)
+                outbox.renew(session=session, thread=thread, lease_s=self._slack.lease_s)
+                reply = reply_message(inc, told, batch.key, self._slack.mention)
                 ts = self._post(thread.channel, reply, thread_ts=thread.ts)
                 posted += 1
             outbox.mark_sent(session=session, batch=batch.key, ts=ts)
@@ -126,14 +123,29 @@ class SlackSender:
                        ts=thread.ts, text=root.text, blocks=root.blocks)  # fmt: skip
             thread.digest = digest
             session.commit()
+            posted += 1
         return posted
+
+    def _read(self, session: Session, incident_id: int) -> tuple[dict[str, Any], Message]:
+        """Return the incident's read-model dump, read now, and its root message."""
+        session.expire_all()
+        incident = session.get(Incident, incident_id)
+        assert incident is not None
+        inc = load_incidents(session=session, keys=[incident.key])[0].model_dump(mode="json")
+        options = Options(
+            self._base_url,
+            self._correlate.memory_ceiling,
+            self._correlate.kv_cache_ceiling,
+            datetime.now(UTC),
+        )
+        return inc, root_message(inc, incident_document(inc), options)
 
     def _post_root(
         self, session: Session, thread: NotificationThread, key: str, root: Message
     ) -> int:
         found = self._find_root(thread.channel, key) if thread.attempts else None
         thread.attempts += 1
-        outbox.renew(session=session, thread=thread)  # the attempt is on record first
+        session.commit()  # the attempt is on record before Slack may have the message
         posted = 0
         if found is None:
             answer = self._call(
