@@ -3,10 +3,10 @@
 ``enqueue`` runs in the transaction that wrote the timeline entries (the pipeline's notify
 stage, a decision's flow): it adds the incident's root-message row once and one
 ``Notification`` per told entry not queued yet, so the entries and their notifications commit
-together. A sender takes the incident's thread on a lease (``lease``), counts each attempt
-in the store before it calls Slack, and marks what was sent after; a lease left by a sender
-that died runs out, and an attempted message is first looked for in Slack (by the key in its
-metadata) before it is posted again, so nothing is posted twice.
+together. A sender takes the incident's thread on a lease (``take``), counts each attempt
+in the store before it calls Slack, and marks what was sent after (``release``); a lease left
+by a sender that died runs out, and an attempted message is first looked for in Slack (by the
+key in its metadata) before it is posted again, so nothing is posted twice.
 
 Told entries: the incident opening, stage changes, victims, and every step event but the
 "planned" lines (the root message lists the steps and their state). Evidence lines are not
@@ -77,13 +77,40 @@ def pending_incidents(*, session: Session) -> list[int]:
     return sorted(ids)
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One reply: its key (in Slack's message metadata), its entries, and whether it was
+    attempted before (Slack may hold it already: a crash or a lost answer)."""
+
+    key: str
+    entry_ids: list[int]
+    attempted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a sender holds under the lease: the thread, whether its root message was
+    attempted before (when it has no ``ts``), and the replies to send, oldest first."""
+
+    thread: NotificationThread
+    root_attempted: bool
+    batches: list[Batch]
+
+
 @store_errors
-def lease(*, session: Session, incident_id: int, lease_s: float) -> NotificationThread | None:
-    """Take the incident's thread for one delivery; commit. None: another sender holds it.
+def take(
+    *, session: Session, incident_id: int, lease_s: float, coalesce_s: float
+) -> Delivery | None:
+    """Lease the incident's thread, group its unsent rows into replies, count the attempts;
+    commit. None: another sender holds the lease.
 
     One sender at a time per incident, across processes: the lease is a compare-and-set of
     ``claimed_at`` (wall clock); one older than ``lease_s`` seconds was left by a sender that
-    died. Raises StoreError.
+    died. Rows not in a reply yet are grouped in entry order: a row joins the open reply while
+    its event time is within ``coalesce_s`` of the reply's first row; a reply keeps its rows
+    once grouped (key ``<incident id>-<first row id>``), so a retry posts the same reply. The
+    attempts are on record before Slack is called: one in one transaction, the sender's only
+    write before it posts. Raises StoreError.
     """
     now = datetime.now(UTC)
     stale = now - timedelta(seconds=lease_s)
@@ -96,9 +123,30 @@ def lease(*, session: Session, incident_id: int, lease_s: float) -> Notification
         .values(claimed_at=now)
         .execution_options(synchronize_session=False)
     )
-    taken = session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+    if session.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    thread = session.get(NotificationThread, incident_id, populate_existing=True)
+    assert thread is not None
+    root_attempted = thread.ts is None and thread.attempts > 0
+    if thread.ts is None:
+        thread.attempts += 1
+    rows = list(
+        session.scalars(
+            select(Notification)
+            .where(Notification.incident_id == incident_id, Notification.sent_at.is_(None))
+            .order_by(Notification.entry_id)
+        )
+    )
+    _group(rows, incident_id, coalesce_s)
+    found: list[Batch] = []
+    for key in dict.fromkeys(r.batch for r in rows if r.batch is not None):
+        members = [r for r in rows if r.batch == key]
+        found.append(Batch(key, [r.entry_id for r in members], any(r.attempts for r in members)))
+        for r in members:
+            r.attempts += 1
     session.commit()
-    return session.get(NotificationThread, incident_id, populate_existing=True) if taken else None
+    return Delivery(thread, root_attempted, found)
 
 
 @store_errors
@@ -112,46 +160,10 @@ def renew(*, session: Session, thread: NotificationThread, lease_s: float) -> No
 
 @store_errors
 def release(*, session: Session, thread: NotificationThread, error: str = "") -> None:
-    """Give the thread's lease back, with the delivery's error ("" when none); commit."""
+    """Give the lease back with the delivery's error ("" when none); commit what was marked."""
     thread.claimed_at = None
     thread.error = error[:500]
     session.commit()
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One reply: its key (in Slack's message metadata), its entries, and whether it was
-    attempted before (Slack may hold it already: a crash or a lost answer)."""
-
-    key: str
-    entry_ids: list[int]
-    attempted: bool
-
-
-@store_errors
-def batches(*, session: Session, incident_id: int, coalesce_s: float) -> list[Batch]:
-    """Group the incident's unsent rows into replies, count the attempt, commit; oldest first.
-
-    Call under the thread's lease. Rows not in a reply yet are grouped in entry order: a row
-    joins the open reply while its event time is within ``coalesce_s`` of the reply's first
-    row. A reply keeps its rows once grouped (key ``<incident id>-<first row id>``), so a
-    retry posts the same reply. Raises StoreError.
-    """
-    stmt = (
-        select(Notification)
-        .where(Notification.incident_id == incident_id, Notification.sent_at.is_(None))
-        .order_by(Notification.entry_id)
-    )
-    rows = list(session.scalars(stmt))
-    _group(rows, incident_id, coalesce_s)
-    found: list[Batch] = []
-    for key in dict.fromkeys(r.batch for r in rows if r.batch is not None):
-        members = [r for r in rows if r.batch == key]
-        found.append(Batch(key, [r.entry_id for r in members], any(r.attempts for r in members)))
-        for r in members:
-            r.attempts += 1
-    session.commit()
-    return found
 
 
 def _group(rows: Sequence[Notification], incident_id: int, coalesce_s: float) -> None:
@@ -167,11 +179,10 @@ def _group(rows: Sequence[Notification], incident_id: int, coalesce_s: float) ->
 
 @store_errors
 def mark_sent(*, session: Session, batch: str, ts: str) -> None:
-    """Mark a reply's rows sent as Slack message ``ts``; commit. Raises StoreError."""
+    """Mark a reply's rows sent as Slack message ``ts`` (committed by ``release``)."""
     session.execute(
         update(Notification)
         .where(Notification.batch == batch)
         .values(sent_at=datetime.now(UTC), ts=ts, error="")
         .execution_options(synchronize_session=False)
     )
-    session.commit()

@@ -299,10 +299,11 @@ def test_on_postgresql_one_sender_at_a_time_and_each_message_once(
     try:
         with sessions() as one, sessions() as two:
             incident_id = outbox.pending_incidents(session=one)[0]
-            held = outbox.lease(session=one, incident_id=incident_id, lease_s=60)
-            assert held is not None
-            assert outbox.lease(session=two, incident_id=incident_id, lease_s=60) is None
-            outbox.release(session=one, thread=held)
+            held = outbox.take(session=one, incident_id=incident_id, lease_s=60, coalesce_s=15)
+            assert held is not None and held.batches
+            assert outbox.take(session=two, incident_id=incident_id, lease_s=60,
+                               coalesce_s=15) is None  # fmt: skip
+            outbox.release(session=one, thread=held.thread)
         assert deliver(settings) >= 2
         assert deliver(settings) == 0
         assert len(_roots(emu)) == 1

@@ -77,34 +77,33 @@ class SlackSender:
 
     def deliver(self, incident_id: int) -> int:
         """Deliver one incident's unsent messages under its lease; return how many messages
-        were posted or updated.
-
-        Raises NotifyError (the lease is given back with the error), StoreError.
+        were posted or updated. Raises NotifyError (the lease is given back with the error
+        and what was sent is marked), StoreError.
         """
         with self._make_session() as session:
-            thread = outbox.lease(session=session, incident_id=incident_id,
-                                  lease_s=self._slack.lease_s)  # fmt: skip
-            if thread is None:
+            delivery = outbox.take(session=session, incident_id=incident_id,
+                                   lease_s=self._slack.lease_s,
+                                   coalesce_s=self._slack.coalesce_s)  # fmt: skip
+            if delivery is None:
                 return 0  # another sender holds it
             try:
-                posted = self._deliver(session, thread)
+                posted = self._deliver(session, delivery)
             except NotifyError as exc:
-                outbox.release(session=session, thread=thread, error=str(exc))
+                outbox.release(session=session, thread=delivery.thread, error=str(exc))
                 raise
-            outbox.release(session=session, thread=thread)
+            outbox.release(session=session, thread=delivery.thread)
             return posted
 
-    def _deliver(self, session: Session, thread: NotificationThread) -> int:
-        # Group and count the replies first, then read the incident: the read then holds every
-        # entry the replies tell (rows are committed with their entries) and the latest state.
-        batches = outbox.batches(session=session, incident_id=thread.incident_id,
-                                 coalesce_s=self._slack.coalesce_s)  # fmt: skip
+    def _deliver(self, session: Session, delivery: outbox.Delivery) -> int:
+        # The replies were grouped before this read: it holds every entry they tell (rows are
+        # committed with their entries) and the incident's latest state.
+        thread = delivery.thread
         inc, root = self._read(session, thread.incident_id)
         posted = 0
         if thread.ts is None:
-            posted += self._post_root(session, thread, inc["key"], root)
+            posted += self._post_root(thread, inc["key"], root, delivery.root_attempted)
         entries = {e["id"]: e for e in inc["timeline"]}
-        for batch in batches:
+        for batch in delivery.batches:
             told = [entries[i] for i in batch.entry_ids if i in entries]
             if len(told) != len(batch.entry_ids):  # never expected: keep it for the next try
                 log.warning("reply entries not found batch=%s", batch.key)
@@ -122,7 +121,6 @@ class SlackSender:
             self._call("chat.update", self._client.chat_update, channel=thread.channel,
                        ts=thread.ts, text=root.text, blocks=root.blocks)  # fmt: skip
             thread.digest = digest
-            session.commit()
             posted += 1
         return posted
 
@@ -141,11 +139,10 @@ class SlackSender:
         return inc, root_message(inc, incident_document(inc), options)
 
     def _post_root(
-        self, session: Session, thread: NotificationThread, key: str, root: Message
+        self, thread: NotificationThread, key: str, root: Message, attempted: bool
     ) -> int:
-        found = self._find_root(thread.channel, key) if thread.attempts else None
-        thread.attempts += 1
-        session.commit()  # the attempt is on record before Slack may have the message
+        """Post the root message (found in Slack instead when attempted before); keep its id."""
+        found = self._find_root(thread.channel, key) if attempted else None
         posted = 0
         if found is None:
             answer = self._call(
@@ -161,7 +158,6 @@ class SlackSender:
             found, posted = (str(answer["channel"]), str(answer["ts"])), 1
         thread.channel, thread.ts = found
         thread.digest = _digest(root)
-        session.commit()
         return posted
 
     def _post(self, channel: str, message: Message, *, thread_ts: str | None) -> str:
