@@ -375,31 +375,40 @@ def _one_latency(
     records: list[tuple[bytes | None, bytes, int | None]],
     rate: float,
     sink_type: Any,
+    db_url: str | None = None,
 ) -> float | str:
-    """One run: wait for the assignment, produce paced, poll the DB; latency in ms."""
+    """One run: wait for the assignment, produce paced, poll the DB; latency in ms.
+
+    ``db_url``: the detector's store as a SQLAlchemy URL (default: run_dir/latency.db).
+    """
     deadline = time.monotonic() + START_TIMEOUT_S
     while not (run_dir / "ready").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             return "detector not assigned in time"
         time.sleep(0.01)
-    db_url = f"file:{run_dir / 'latency.db'}?mode=ro"
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
+
+    url = db_url or f"sqlite:///file:{run_dir / 'latency.db'}?mode=ro&uri=true"
     detected: list[float] = []
     done = threading.Event()
 
     def watch() -> None:  # poll the incident stage every 2 ms
-        conn = sqlite3.connect(db_url, uri=True, timeout=1.0)
-        while not done.is_set():
-            try:
-                row = conn.execute(
-                    "SELECT 1 FROM incidents WHERE stage != 'suspected' LIMIT 1"
-                ).fetchone()
-            except sqlite3.OperationalError:
-                row = None
-            if row:
-                detected.append(time.time())
-                break
-            time.sleep(0.002)
-        conn.close()
+        engine = create_engine(url)
+        query = text("SELECT 1 FROM incidents WHERE stage != 'suspected' LIMIT 1")
+        with engine.connect() as conn:
+            while not done.is_set():
+                try:
+                    row = conn.execute(query).fetchone()
+                    conn.rollback()  # a new snapshot for the next poll
+                except DBAPIError:
+                    conn.rollback()
+                    row = None
+                if row:
+                    detected.append(time.time())
+                    break
+                time.sleep(0.002)
+        engine.dispose()
 
     watcher = threading.Thread(target=watch)
     watcher.start()

@@ -32,6 +32,8 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rate", type=float, default=5000.0, help="records/s produced")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        help="sqlite (a file per run) or a PostgreSQL admin URL, e.g. "
+        "postgresql+psycopg://postgres@127.0.0.1:5432/test (a database per run)",
+    )
     args = parser.parse_args(argv)
     from detector.errors import StreamError
     from detector.lab.broker import start_tansu
@@ -97,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             records = _ordered(paths)
             first = _first_oom(records)
             for n in range(args.runs):
-                result = _one_run(folder, bootstrap, records, args.rate, first)
+                with _store(args.store, folder) as db_url:
+                    result = _one_run(folder, bootstrap, records, args.rate, first, db_url)
                 results.append(result)
                 print(f"run {n + 1}: {_run_line(result)}", flush=True)
     finally:
@@ -112,8 +121,30 @@ def _first_oom(records: list[Record]) -> int:
     return next(i for i, (_k, value, _t) in enumerate(records) if b"CUDA out of memory" in value)
 
 
+@contextmanager
+def _store(store: str, folder: Path) -> Iterator[str]:
+    """Yield the detector's store URL for one run: a new SQLite file or PostgreSQL database."""
+    if store == "sqlite":
+        yield f"sqlite:///{folder / f'slack-{uuid.uuid4().hex[:8]}.db'}"
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(store)
+    name = f"bench_slack_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
+
+
 def _one_run(
-    folder: Path, bootstrap: str, records: list[Record], rate: float, first: int
+    folder: Path, bootstrap: str, records: list[Record], rate: float, first: int, db_url: str
 ) -> dict[str, Any]:
     """One run: emulator, ``detector run``, paced produce; the latencies in ms."""
     from detector.stream.producer import KafkaSink, ensure_topics
@@ -131,10 +162,10 @@ def _one_run(
         "PYTHONUNBUFFERED": "1",
     }
     log_path = run_dir / "detector.log"
-    # bench_kafka's _one_latency reads the DB at run_dir/latency.db and waits for run_dir/ready.
+    # bench_kafka's _one_latency polls the store and waits for run_dir/ready.
     cmd = [
         sys.executable, "-m", "detector", "run", "--verbose",
-        "--db", f"sqlite:///{run_dir / 'latency.db'}", "--bootstrap", bootstrap,
+        "--db", db_url, "--bootstrap", bootstrap,
         "--topics", topic, "--group", f"bench-{uuid.uuid4().hex[:8]}",
         "--dead-letter-topic", f"{topic}-dead-letters",
     ]  # fmt: skip
@@ -152,7 +183,9 @@ def _one_run(
         watcher = threading.Thread(target=_mark_ready, args=(log_path, run_dir / "ready", proc))
         watcher.start()
         try:
-            got = _one_latency(run_dir, proc, bootstrap, topic, records, rate, TimedSink)
+            got = _one_latency(
+                run_dir, proc, bootstrap, topic, records, rate, TimedSink, db_url=db_url
+            )
             watcher.join()
             ready = run_dir / "ready"
             result["startup_s"] = ready.stat().st_mtime - started if ready.exists() else None
