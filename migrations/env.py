@@ -14,7 +14,7 @@ from alembic import context
 from alembic.util import CommandError
 
 import detector.incidents.models  # registers the incident tables on Base
-import detector.notify.models  # noqa: F401  (registers the outbox tables on Base)
+import detector.notify.models  # registers the outbox tables on Base
 import detector.runbooks.models  # noqa: F401  (registers the runbook tables on Base)
 from detector.db import Base, make_engine
 
