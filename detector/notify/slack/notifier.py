@@ -34,7 +34,7 @@ from detector.notify.slack.sender import SlackSender
 log = logging.getLogger(__name__)
 
 POLL_S = 2.0
-SEND_INTERVAL_S = 0.5  # between drains that sent: Slack takes about 1 message/s per channel
+SEND_INTERVAL_S = 0.25  # between drains that sent: Slack takes about 1 message/s per channel
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 

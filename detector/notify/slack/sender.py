@@ -2,11 +2,11 @@
 
 ``SlackSender.drain()`` delivers every incident with something unsent, each under the
 thread's lease (``detector.notify.outbox``): the root message (``chat.postMessage`` with
-metadata carrying the incident key), then the replies in order (``chat.postMessage`` with
-``thread_ts``), then an update of the root message (``chat.update``) when what it shows
-changed. A message attempted before (a crash between the attempt and its mark, a lost
-answer) is first looked for in Slack by its metadata (``conversations.history`` for a root,
-``conversations.replies`` for a reply) so that it is never posted twice.
+metadata carrying the incident key), or its update (``chat.update``) when what it shows
+changed, then the replies in order (``chat.postMessage`` with ``thread_ts``). A message
+attempted before (a crash between the attempt and its mark, a lost answer) is first looked
+for in Slack by its metadata (``conversations.history`` for a root, ``conversations.replies``
+for a reply) so that it is never posted twice.
 Web API reference: https://api.slack.com/methods (chat.postMessage, chat.update,
 conversations.history, conversations.replies; ``include_all_metadata`` returns metadata).
 """
@@ -102,6 +102,11 @@ class SlackSender:
         posted = 0
         if thread.ts is None:
             posted += self._post_root(thread, inc["key"], root, delivery.root_attempted)
+        elif _digest(root) != thread.digest:  # the state first: a stage change shows at once
+            self._call("chat.update", self._client.chat_update, channel=thread.channel,
+                       ts=thread.ts, text=root.text, blocks=root.blocks)  # fmt: skip
+            thread.digest = _digest(root)
+            posted += 1
         entries = {e["id"]: e for e in inc["timeline"]}
         for batch in delivery.batches:
             told = [entries[i] for i in batch.entry_ids if i in entries]
@@ -115,13 +120,6 @@ class SlackSender:
                 ts = self._post(thread.channel, reply, thread_ts=thread.ts)
                 posted += 1
             outbox.mark_sent(session=session, batch=batch.key, ts=ts)
-        digest = _digest(root)
-        if digest != thread.digest:
-            assert thread.ts is not None
-            self._call("chat.update", self._client.chat_update, channel=thread.channel,
-                       ts=thread.ts, text=root.text, blocks=root.blocks)  # fmt: skip
-            thread.digest = digest
-            posted += 1
         return posted
 
     def _read(self, session: Session, incident_id: int) -> tuple[dict[str, Any], Message]:
