@@ -416,7 +416,7 @@ class SlackSettings(BaseModel):
     bot_token: SecretStr | None = None
     signing_secret: SecretStr | None = None
     app_token: SecretStr | None = None
-    channel: str = ""
+    channel: str = Field("", description="the channel ID (C0123...): look-ups need the ID")
     channels: dict[str, str] = Field(default_factory=dict, description="namespace -> channel")
     mention: str = ""
     api_url: str = "https://slack.com/api/"
@@ -426,6 +426,13 @@ class SlackSettings(BaseModel):
     lease_s: float = Field(
         60.0, gt=0, description="a sender's hold on an incident's thread, renewed per delivery"
     )
+
+    @field_validator("app_token")
+    @classmethod
+    def _app_level(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith("xapp-"):
+            raise ValueError("Socket Mode needs an app-level token (xapp-...), not a bot token")
+        return value
 
     @property
     def enabled(self) -> bool:

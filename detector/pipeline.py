@@ -194,6 +194,7 @@ class Processor:
     correlator: Correlator
     containment: ContainmentFlows
     slack: SlackSettings = field(default_factory=SlackSettings)
+    drill: bool = False  # a replay: its Slack messages are labelled and mention no one
     recorder: IncidentRecorder = field(default_factory=IncidentRecorder)
     counts: EventCounts = field(default_factory=EventCounts)
     clock: float = 0.0
@@ -261,7 +262,7 @@ class Processor:
     def notify(self, batch: Batch, session: Session) -> None:
         """Queue what the batch added to the incidents' timelines for Slack (the outbox)."""
         for incident in batch.incidents.values():
-            notify_flows.queue(incident, session=session, slack=self.slack)
+            notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
 
     def finish(self, session: Session) -> None:
         """Advance containment and answer the questions of every incident still held.
@@ -275,7 +276,7 @@ class Processor:
             if ctx is not None:
                 self._advance(key, incident, session)
                 answer(incident, ctx, session=session)
-                notify_flows.queue(incident, session=session, slack=self.slack)
+                notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
         self.counts.unattributed_by_reason = self.correlator.unattributed_by_reason.reasons()
@@ -308,8 +309,9 @@ def replay(
 
     ``progress`` is called with the byte size of each record read; ``identity`` names the
     pod of plain-text log lines (files that are one pod's raw log); ``notify`` queues Slack's
-    messages in the outbox (``detector.notify.slack.notifier.deliver`` sends them). Raises
-    FileNotFoundError for a missing path, ConfigError/RunbookError/StoreError on bad setup.
+    messages, labelled as a drill, in the outbox (``detector.notify.slack.notifier.deliver``
+    sends them). Raises FileNotFoundError for a missing path, ConfigError/RunbookError/
+    StoreError on bad setup.
     """
     processor = Processor.from_settings(settings)
     if not notify:
@@ -318,6 +320,7 @@ def replay(
         raise ConfigError(
             "--notify needs Slack: set DETECTOR_SLACK__BOT_TOKEN and DETECTOR_SLACK__CHANNEL"
         )
+    processor.drill = True
     db.upgrade(settings.database.url)
     engine = db.make_engine(settings.database.url)
     make_session = db.session_factory(engine)

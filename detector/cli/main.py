@@ -100,12 +100,12 @@ def replay_cmd(
     except (DetectorError, FileNotFoundError) as exc:
         err.print(f"[red]error:[/red] {escape(printable(str(exc)))}")
         raise typer.Exit(2) from exc
-    if notify:
-        _deliver(settings, err)
     if as_json:
         typer.echo(json.dumps(to_document(result), indent=2, default=str))
     else:
         render_report(result, Console())
+    if notify:
+        _deliver(settings, err)
 
 
 def _run_replay(
@@ -128,14 +128,21 @@ def _run_replay(
 
 
 def _deliver(settings: Settings, err: Console) -> None:
-    """Post what the replay queued for Slack; on failure say so (it stays in the outbox)."""
+    """Post what the replay queued for Slack; say what is left (it stays in the outbox)."""
+    kept = "kept in the outbox: the next replay --notify, run or serve sends it"
     try:
-        posted = deliver(settings)
+        sent = deliver(settings)
     except DetectorError as exc:
-        kept = "kept in the outbox: the next replay --notify, run or serve sends it"
         err.print(f"[red]error:[/red] Slack: {escape(printable(str(exc)))} ({kept})")
         raise typer.Exit(1) from exc
-    err.print(f"Slack: {posted} messages posted or updated")
+    err.print(f"Slack: {sent.messages} messages posted or updated")
+    if sent.held:
+        err.print(
+            f"[red]error:[/red] Slack: {sent.held} incident(s) held by another sender (a "
+            f"detector running, or one that died: its lease ends within "
+            f"{settings.slack.lease_s:.0f} s); {kept}"
+        )
+        raise typer.Exit(1)
 
 
 @app.command("migrate")

@@ -19,12 +19,17 @@ from detector.runbooks import flows
 from detector.runbooks.flows import DecisionRequest, DecisionResult
 
 
-def queue(incident: Incident, *, session: Session, slack: SlackSettings) -> int:
-    """Queue the incident's untold timeline entries when Slack is on; return how many."""
+def queue(
+    incident: Incident, *, session: Session, slack: SlackSettings, drill: bool = False
+) -> int:
+    """Queue the incident's untold timeline entries when Slack is on; return how many.
+
+    ``drill``: the incident comes from a replay (its messages are labelled and mention no one).
+    """
     if not slack.enabled:
         return 0
     channel = slack.channel_for(incident.namespace)
-    return outbox.enqueue(session=session, incident=incident, channel=channel)
+    return outbox.enqueue(session=session, incident=incident, channel=channel, drill=drill)
 
 
 def decide(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from detector.db import Base, IdType, UTCDateTime
@@ -31,6 +31,7 @@ class NotificationThread(Base):
     digest: Mapped[str | None] = mapped_column(String(64))  # of the blocks last posted
     claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # the lease, wall clock
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # of posting the root message
+    drill: Mapped[bool] = mapped_column(Boolean, default=False)  # a replay: labelled, no mention
     error: Mapped[str] = mapped_column(Text, default="")
 
 

@@ -38,17 +38,20 @@ def told() -> ColumnElement[bool]:
 
 
 @store_errors
-def enqueue(*, session: Session, incident: Incident, channel: str) -> int:
+def enqueue(*, session: Session, incident: Incident, channel: str, drill: bool = False) -> int:
     """Queue the incident's root message (once) and its told entries not queued yet.
 
-    Runs in the caller's transaction; returns how many entries were queued. Raises StoreError.
+    ``drill``: the thread tells a replay (set when the thread is first queued). Runs in the
+    caller's transaction; returns how many entries were queued. Raises StoreError.
     """
-    insert_ignore(
-        session,
-        NotificationThread,
-        {"incident_id": incident.id, "channel": channel, "attempts": 0, "error": ""},
-        ["incident_id"],
-    )
+    values = {
+        "incident_id": incident.id,
+        "channel": channel,
+        "attempts": 0,
+        "drill": drill,
+        "error": "",
+    }
+    insert_ignore(session, NotificationThread, values, ["incident_id"])
     queued = exists().where(Notification.entry_id == TimelineEntry.id)
     stmt = (
         select(TimelineEntry.id, TimelineEntry.time)

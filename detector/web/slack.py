@@ -4,7 +4,8 @@ The request is verified (``detector.notify.slack.interactions.signed_payload``: 
 signature or a timestamp over 5 minutes old gets 401), acknowledged at once with an empty
 200 (Slack waits 3 s at most: https://api.slack.com/interactivity/handling#acknowledgment_response),
 and carried out after the answer is sent (a background task): the decision, and an
-ephemeral message to the user when it is refused. 404 when Slack is not configured.
+ephemeral message to the user when it is refused. 404 when Slack is not configured; 413 for a
+body over ``MAX_BODY_BYTES`` (Slack's payloads are a few kilobytes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from fastapi import BackgroundTasks, FastAPI, HTTPException, Request, Response
 from detector.config import SlackSettings
 from detector.errors import NotifyError
 from detector.notify.slack.interactions import Interactions, signed_payload
+
+MAX_BODY_BYTES = 1 << 20
 
 
 def add_slack_routes(
@@ -29,7 +32,12 @@ def add_slack_routes(
         handler = interactions()
         if slack.signing_secret is None or handler is None:
             raise HTTPException(404, "Slack interactions are not configured")
+        length = request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise HTTPException(413, "the request body is too large")
         body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            raise HTTPException(413, "the request body is too large")
         try:
             payload = signed_payload(
                 body,

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("digest", sa.String(64)),
         sa.Column("claimed_at", sa.DateTime(timezone=True)),
         sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("drill", sa.Boolean(), nullable=False),
         sa.Column("error", sa.Text(), nullable=False),
     )
     op.create_table(

@@ -24,6 +24,7 @@ from detector import db
 from detector.notify.models import Notification, NotificationThread
 
 CHANNEL = "C0LIVE"
+MENTION = "<!subteam^S0ONCALL>"
 
 
 def _outbox(url: str) -> tuple[list[NotificationThread], list[Notification]]:
@@ -54,6 +55,7 @@ def test_kill_9_between_the_commit_and_slack_then_a_restart_posts_each_message_o
         "CHANNEL": CHANNEL,
         "API_URL": emu.api_url,
         "LEASE_S": "1",
+        "MENTION": MENTION,
     }.items():
         monkeypatch.setenv(f"DETECTOR_SLACK__{name}", value)
     prefix = unique_prefix()
@@ -92,3 +94,7 @@ def test_kill_9_between_the_commit_and_slack_then_a_restart_posts_each_message_o
     story = "\n".join(r["text"] + str(r["blocks"]) for r in replies)
     for n in (1, 2, 3, 4):
         assert f"victim #{n}" in story
+    # live, not a drill: the reply announcing cascading pages on-call, in the channel too
+    assert "DRILL" not in story
+    [paging] = [c for c in emu.calls_to("chat.postMessage") if c.get("reply_broadcast")]
+    assert paging["text"].startswith(MENTION) and "cascading" in str(paging["blocks"])

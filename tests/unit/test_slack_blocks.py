@@ -249,3 +249,59 @@ def test_no_survivor_at_the_ceiling_means_no_risk_line() -> None:
 )
 def test_mrkdwn_text(value: str, expected: str) -> None:
     assert mrkdwn.text(value, 10 if len(value) == 20 else 500) == expected
+
+
+def test_a_drill_is_labelled_and_pages_no_one() -> None:
+    inc = _incident()
+    msg = root_message(inc, incident_document(inc), Options(drill=True))
+    assert msg.blocks[0]["text"]["text"].startswith("🧪 DRILL (replay) · 🔥 CASCADING")
+    assert msg.text.startswith("🧪 DRILL")
+    entries = [_entry(1, 29, "stage", "stage -> cascading: pod vllm-b died")]
+    reply = reply_message(inc, entries, "7-1", mention="<!subteam^S0ONCALL>", drill=True)
+    assert "S0ONCALL" not in json.dumps(reply.blocks) + reply.text and not reply.broadcast
+
+
+def _approval_row(status: str, expires: datetime, **extra: Any) -> dict:
+    return {
+        "position": 1,
+        "status": status,
+        "policy": "approval",
+        "approver_group": "sre-oncall",
+        "decided_by": extra.get("decided_by"),
+        "via": extra.get("via"),
+        "decided_at": extra.get("decided_at"),
+        "expires_at": expires.isoformat(),
+        "reason": "",
+        "plan_digest": "abc123",
+    }
+
+
+def test_a_step_decided_but_not_moved_yet_and_an_expired_one_say_so() -> None:
+    now = datetime.now(UTC)
+    approved = _approval_row("approved", now + timedelta(minutes=5), decided_by="slack:U42",
+                             via="slack", decided_at=now.isoformat())  # fmt: skip
+    inc = _incident(steps=[_step(1, "awaiting_approval", approved)], approvals=[approved])
+    joined = "\n".join(_texts(_message(inc, now=now).blocks))
+    assert "— approved, moves at the next step" in joined and "awaiting approval" not in joined
+    expired = _approval_row("pending", now - timedelta(days=300))
+    inc = _incident(steps=[_step(1, "awaiting_approval", expired)], approvals=[expired])
+    joined = "\n".join(_texts(_message(inc, now=now).blocks))
+    assert "⌛" in joined and "approval expired at " in joined and "awaiting approval" not in joined
+
+
+def test_formatting_marks_from_input_are_defused_and_confirm_texts_fit() -> None:
+    star, low, tilde, grave = "\u2217", "\uff3f", "\u223c", "\u02cb"  # the look-alikes
+    assert mrkdwn.text("*bold* _it_ ~s~ `c` max_num_seqs") == (
+        f"{star}bold{star} {low}it{low} {tilde}s{tilde} {grave}c{grave} max_num_seqs"
+    )
+    assert mrkdwn.code("a`b*c") == f"`a{grave}b*c`"
+    assert len(mrkdwn.text("&" * 400, 300)) <= 300
+    assert mrkdwn.text("&" * 400, 300).endswith("&amp;…")
+    expires = datetime.now(UTC) + timedelta(minutes=10)
+    pending = _approval_row("pending", expires)
+    step = _step(1, "awaiting_approval", pending)
+    step["result"]["reason"] = "&<>" * 200
+    msg = _message(_incident(steps=[step], approvals=[pending]), now=datetime.now(UTC))
+    [actions] = [b for b in msg.blocks if b["type"] == "actions"]
+    for button in actions["elements"]:
+        assert len(button["confirm"]["text"]["text"]) <= 300

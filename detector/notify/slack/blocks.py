@@ -37,7 +37,9 @@ STATE_EMOJI = {
     "failed": "❌",
     "lifted": "🔓",
     "rolled_back": "⏪",
+    "expired": "⌛",
 }
+DRILL = "🧪 DRILL (replay) · "
 SECTION_LIMIT = 2900
 MAX_VICTIMS = 12
 METADATA_EVENT = "gpu_oom_incident"  # Slack message metadata event type of root messages
@@ -64,19 +66,22 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Options:
     """What the builders need beyond the read model: the web page's base URL, the pressure
-    ceilings (used/total ratios, ``CorrelateSettings``) and the wall clock (approval expiry)."""
+    ceilings (used/total ratios, ``CorrelateSettings``), the wall clock (approval expiry) and
+    whether this is a drill (``detector replay --notify``)."""
 
     base_url: str = ""
     memory_ceiling: float = 0.95
     kv_cache_ceiling: float = 0.95
     now: datetime | None = None
+    drill: bool = False  # a replay posted for a drill or a demo: labelled, mentions no one
 
 
 def root_message(inc: Mapping[str, Any], doc: Mapping[str, Any], options: Options) -> Message:
     """Return the incident's root message (see the module doc)."""
     stage = doc["stage"]
     emoji = STAGE_EMOJI.get(stage, "❔")
-    title = f"{emoji} {stage.upper()} · GPU OOM cascade · {doc['workload']}"
+    drill = DRILL if options.drill else ""
+    title = f"{drill}{emoji} {stage.upper()} · GPU OOM cascade · {doc['workload']}"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": cut(title, 150)}},
         _section(_summary(inc, doc)),
@@ -92,21 +97,19 @@ def root_message(inc: Mapping[str, Any], doc: Mapping[str, Any], options: Option
     blocks += _steps(doc, options)
     blocks.append({"type": "context", "elements": [_mrkdwn(_footer(inc, options))]})
     victims = len(inc["victims"])
-    fallback = f"{emoji} {stage}: GPU OOM cascade in {doc['workload']}, {victims} pods down"
+    fallback = f"{drill}{emoji} {stage}: GPU OOM cascade in {doc['workload']}, {victims} victims"
     metadata = {"event_type": METADATA_EVENT, "event_payload": {"incident": inc["key"]}}
     return Message(text(fallback, 300), blocks[:50], metadata)
 
 
 def _summary(inc: Mapping[str, Any], doc: Mapping[str, Any]) -> str:
     stages = [t for t in inc["timeline"] if t["kind"] == "stage"]
-    why = stages[-1]["message"].split(": ", 1)[-1] if stages else ""
+    head = f"*{code(doc['workload'])}* ({text(inc['workload_kind'], 40)}) is *{doc['stage']}*"
+    if stages:  # the reason as it stood when the stage was reached
+        why = stages[-1]["message"].split(": ", 1)[-1]
+        head += f" since {_clock(stages[-1]['time'])}: {text(why, 400)}"
     opened = _clock(inc["opened_at"], date=True)
-    lines = [
-        f"*{code(doc['workload'])}* ({text(inc['workload_kind'], 40)}) is *{doc['stage']}*"
-        + (f": {text(why, 400)}" if why else ""),
-        f"Opened {opened} · incident {code(inc['key'])}",
-    ]
-    return "\n".join(lines)
+    return f"{head}\nOpened {opened} · incident {code(inc['key'])}"
 
 
 def _victims(inc: Mapping[str, Any]) -> str:
@@ -130,7 +133,7 @@ def _signals(inc: Mapping[str, Any]) -> str:
         ("GPU OOM", _oom_figures(evidence)),
         ("Crash loop", _latest_summary(evidence, "crash_loop")),
         ("Load balancer 5xx", _latest_summary(evidence, "lb_errors")),
-        ("GPU memory", _peak_memory(evidence)),
+        ("Memory pressure", _peak_memory(evidence)),
     ]
     lines = [f"• *{name}:* {value or '_not seen_'}" for name, value in rows]
     return "*Signals:*\n" + "\n".join(lines)
@@ -158,10 +161,12 @@ def _latest_summary(evidence: Sequence[Mapping[str, Any]], kind: str) -> str:
 
 
 def _peak_memory(evidence: Sequence[Mapping[str, Any]]) -> str:
+    """Return the highest memory or KV-cache reading (a queue-depth one when there is none)."""
     found = [e for e in evidence if e["kind"] == "gpu_memory"]
+    memory = [e for e in found if (e.get("attrs") or {}).get("pressure") != "queue depth"]
     if not found:
         return ""
-    peak = max(found, key=lambda e: _ratio(e) or 0.0)
+    peak = max(memory or found, key=lambda e: _ratio(e) or 0.0)
     return text(peak["summary"], 300)
 
 
@@ -201,20 +206,25 @@ def _steps(doc: Mapping[str, Any], options: Options) -> list[dict[str, Any]]:
         return []
     blocks: list[dict[str, Any]] = [{"type": "divider"}, _section("*Containment runbook:*")]
     for step in steps:
-        blocks.append(_section(_step_text(step)))
+        blocks.append(_section(_step_text(step, options.now)))
         if _waiting(step, options.now):
             blocks.append(_section(_blast_radius(step)))
             blocks.append(_buttons(doc["key"], step))
     return blocks
 
 
-def _step_text(step: Mapping[str, Any]) -> str:
+def _step_text(step: Mapping[str, Any], now: datetime | None) -> str:
     state = step["state"] or step["status"]
+    approval = step["approval_state"]
+    label = state.replace("_", " ")
+    if state == "awaiting_approval" and approval.get("status") in ("approved", "denied"):
+        state, label = approval["status"], f"{approval['status']}, moves at the next step"
+    elif state == "awaiting_approval" and (expired := past_expiry(approval, now)):
+        state, label = "expired", f"approval expired at {_clock(expired, date=True)}"
     emoji = STATE_EMOJI.get(state, "•")
     policy = "automatic" if step["policy"] == "auto" else "needs approval"
-    head = f"{emoji} *{step['position']}. {text(step['title'], 150)}* — {state.replace('_', ' ')}"
+    head = f"{emoji} *{step['position']}. {text(step['title'], 150)}* — {label}"
     lines = [f"{head} ({policy}{', dry-run' if step.get('mode') == 'dry_run' else ''})"]
-    approval = step["approval_state"]
     if approval.get("decided_by") and approval.get("status") in ("approved", "denied"):
         when = _clock(approval["decided_at"]) if approval.get("decided_at") else "?"
         lines.append(
@@ -260,14 +270,16 @@ def _blast_radius(step: Mapping[str, Any]) -> str:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
             rows.append(f"• {label}: {code(shown, 300)}")
     expires = step["approval_state"].get("expires_at")
-    head = "*What approving does:*" + (f" (decide by {_clock(expires)})" if expires else "")
+    head = "*What approving does:*" + (
+        f" (decide by {_clock(expires, date=True)})" if expires else ""
+    )
     diff = f"\n{code_block(step['diff'], lines=12)}" if step.get("diff") else ""
     return cut(head + "\n" + "\n".join(rows) + diff, SECTION_LIMIT)
 
 
 def _buttons(key: str, step: Mapping[str, Any]) -> dict[str, Any]:
     value = action_value(key, step["position"], step["approval_state"].get("plan") or "")
-    summary = cut(f"{step['title']}: {step.get('reason') or ''}", 280)
+    summary = f"{step['title']}: {step.get('reason') or ''}"
     return {
         "type": "actions",
         "block_id": f"step-{step['position']}",
@@ -287,7 +299,7 @@ def _button(label: str, action: ActionId, value: str, style: str, body: str) -> 
         "style": style,
         "confirm": {
             "title": {"type": "plain_text", "text": f"{label} this step?"},
-            "text": {"type": "mrkdwn", "text": text(body, 280)},
+            "text": {"type": "mrkdwn", "text": text(body, 300)},
             "confirm": {"type": "plain_text", "text": label},
             "deny": {"type": "plain_text", "text": "Cancel"},
             "style": style,
@@ -301,32 +313,41 @@ def action_value(key: str, position: int, plan: str) -> str:
 
 
 def _footer(inc: Mapping[str, Any], options: Options) -> str:
-    updated = _clock(inc["updated_at"])
+    decided = [a["decided_at"] for a in inc.get("approvals", []) if a.get("decided_at")]
+    updated = _clock(max([_parse(t) for t in [inc["updated_at"], *decided]]))
     if options.base_url:
         url = f"{options.base_url.rstrip('/')}/incidents/{int(inc['id'])}"
         return f"<{url}|Open the incident timeline> · updated {updated}"
-    return f"updated {updated} · set DETECTOR_WEB__BASE_URL to link the incident page"
+    return f"updated {updated}"
 
 
 def reply_message(
-    inc: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], key: str, mention: str = ""
+    inc: Mapping[str, Any],
+    entries: Sequence[Mapping[str, Any]],
+    key: str,
+    mention: str = "",
+    drill: bool = False,
 ) -> Message:
     """Return one thread reply telling ``entries`` (timeline entries, oldest first).
 
     The reply that announces ``cascading`` starts with ``mention`` (a trusted setting, e.g.
-    ``<!subteam^S0123>``) and is also sent to the channel; the one that announces ``resolved``
-    or ``contained`` ends with the durations since the incident opened.
+    ``<!subteam^S0123>``) and is also sent to the channel, unless it is a ``drill``; the one
+    that announces ``resolved`` or ``contained`` ends with the durations since the opening.
     """
     lines = [f"`{_clock(e['time'])}` {_entry_emoji(e)} {text(e['message'], 700)}" for e in entries]
     stages = {_stage_of(e) for e in entries} - {None}
-    cascading = "cascading" in stages
+    cascading = "cascading" in stages and not drill
     if stages & {"contained", "resolved"}:
         lines.append(durations(inc))
     body = "\n".join(lines)
-    if cascading and mention:
-        body = f"{mention} the GPU OOM cascade is spreading\n{body}"
-    blocks = [_section(chunk) for chunk in _chunks(body)]
     fallback = text(entries[0]["message"], 200) if entries else "update"
+    if cascading:
+        workload = code(f"{inc['namespace']}/{inc['workload']}")
+        fallback = f"{mention} the GPU OOM cascade is spreading in {workload}".strip()
+        body = f"{fallback}\n{body}"
+    if drill:
+        fallback = DRILL + fallback
+    blocks = [_section(chunk) for chunk in _chunks(body)]
     metadata = {"event_type": REPLY_EVENT, "event_payload": {"incident": inc["key"], "reply": key}}
     return Message(fallback, blocks[:50], metadata, broadcast=cascading)
 

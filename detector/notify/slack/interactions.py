@@ -18,9 +18,10 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs
 
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
@@ -40,35 +41,70 @@ SLACK_PREFIX = "slack:"
 
 @dataclass(frozen=True, slots=True)
 class Click:
-    """One Approve/Deny click: who, on which step of which incident, with the plan they saw."""
+    """One Approve/Deny click: who, where, on which step of which incident, with the plan they
+    saw; ``unreadable`` when the button's value does not parse (nothing is decided then)."""
 
     user_id: str
-    action: ActionId
-    incident: str
-    step: int
-    plan: str
     channel: str
+    action: ActionId
+    incident: str = ""
+    step: int = 0
+    plan: str = ""
+    unreadable: bool = False
+
+
+class _Id(BaseModel):
+    id: str
+
+
+class _Container(BaseModel):
+    channel_id: str | None = None
+
+
+class _Action(BaseModel):
+    action_id: str
+    value: str = ""
+
+
+class _Payload(BaseModel):
+    """The part of a ``block_actions`` payload the buttons need."""
+
+    type: Literal["block_actions"]
+    user: _Id
+    channel: _Id | None = None
+    container: _Container | None = None
+    actions: list[_Action] = Field(min_length=1)
+
+
+class _Value(BaseModel):
+    """A button's value (``blocks.action_value``)."""
+
+    incident: str = Field(min_length=1, max_length=512)
+    step: StrictInt = Field(ge=1)
+    plan: str = Field(min_length=1, max_length=64)
 
 
 def parse_click(payload: Mapping[str, Any]) -> Click | None:
-    """Return the Approve/Deny click of a ``block_actions`` payload; None for anything else."""
-    if payload.get("type") != "block_actions":
-        return None
-    actions = payload.get("actions") or []
-    user = (payload.get("user") or {}).get("id")
-    channel = (payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get(
-        "channel_id"
-    )
-    if not actions or not isinstance(user, str) or not isinstance(channel, str):
-        return None
-    action = actions[0]
+    """Return the Approve/Deny click of a ``block_actions`` payload; None for anything else.
+
+    The payload is validated once into typed fields: a payload of another shape, or a click
+    on a button that is not ours, is None; one of our buttons whose value does not parse is a
+    ``Click`` marked ``unreadable``.
+    """
     try:
-        kind = ActionId(action.get("action_id"))
-        value = json.loads(action.get("value") or "")
-        return Click(user, kind, str(value["incident"]), int(value["step"]),
-                     str(value.get("plan") or ""), channel)  # fmt: skip
-    except (ValueError, KeyError, TypeError):
+        parsed = _Payload.model_validate(payload)
+        kind = ActionId(parsed.actions[0].action_id)
+    except (ValidationError, ValueError):
         return None
+    channel = parsed.channel.id if parsed.channel else None
+    channel = channel or (parsed.container.channel_id if parsed.container else None)
+    if not channel:
+        return None
+    try:
+        value = _Value.model_validate_json(parsed.actions[0].value)
+    except ValidationError:
+        return Click(parsed.user.id, channel, kind, unreadable=True)
+    return Click(parsed.user.id, channel, kind, value.incident, value.step, value.plan)
 
 
 class Interactions:
@@ -92,6 +128,8 @@ class Interactions:
         click = parse_click(payload)
         if click is None:
             return None
+        if click.unreadable:
+            return self._refuse(click, "nothing changed: this button could not be read")
         approver = self.approver(click.user_id)
         if approver is None:
             return self._refuse(
@@ -114,7 +152,9 @@ class Interactions:
                              slack=self._settings.slack)  # fmt: skip
                 session.commit()
         except ApprovalError as exc:
-            return self._refuse(click, f"nothing changed: {text(exc.detail or exc.reason, 500)}")
+            why = exc.detail or exc.reason
+            why = why if "nothing changed" in why else f"nothing changed: {why}"
+            return self._refuse(click, text(why, 500))
         except StoreError as exc:
             log.warning("slack decision failed incident=%s error=%s", click.incident, exc)
             return self._refuse(click, "nothing changed: the incident store is unavailable")
@@ -155,7 +195,13 @@ def signed_payload(body: bytes, timestamp: str, signature: str, secret: str) -> 
     ``SignatureVerifier``; then decodes the form field ``payload`` (JSON). Raises
     NotifyError: ``bad_signature`` or ``bad_payload``.
     """
-    if not SignatureVerifier(secret).is_valid(body, timestamp, signature):
+    if not timestamp.isdigit() or not signature.startswith("v0="):
+        raise NotifyError("bad_signature", "no Slack signature or timestamp")
+    try:
+        valid = SignatureVerifier(secret).is_valid(body, timestamp, signature)
+    except ValueError:  # a body that is not UTF-8 cannot have been signed by Slack
+        valid = False
+    if not valid:
         raise NotifyError("bad_signature", "the Slack signature or timestamp is not valid")
     try:
         form = parse_qs(body.decode("utf-8"), strict_parsing=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from slack_sdk import WebClient
 from slack_sdk.socket_mode import SocketModeClient
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.config import Settings
 from detector.errors import NotifyError, StoreError
+from detector.notify import outbox
 from detector.notify.slack.client import web_client
 from detector.notify.slack.interactions import Interactions
 from detector.notify.slack.sender import SlackSender
@@ -67,8 +69,7 @@ class Notifier:
                 app_token=app_token.get_secret_value(), web_client=self.client
             )
             self._socket.socket_mode_request_listeners.append(self._on_socket_request)
-            self._socket.connect()
-            log.info("slack socket mode connected")
+            threading.Thread(target=self._connect, name="slack-socket", daemon=True).start()
 
     def wake(self) -> None:
         """Ask the sender to drain the outbox now."""
@@ -84,6 +85,21 @@ class Notifier:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+
+    def _connect(self) -> None:
+        """Connect Socket Mode, retrying with backoff while Slack cannot be reached; the
+        process (the approvals API, the sender) serves meanwhile."""
+        backoff = BACKOFF_S
+        while not self._stop.is_set() and self._socket is not None:
+            try:
+                self._socket.connect()
+                log.info("slack socket mode connected")
+                return
+            except Exception as exc:  # the connector's boundary: log, retry
+                log.warning("slack socket mode connect failed error=%s backoff_s=%.0f",
+                            exc, backoff)  # fmt: skip
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _run(self) -> None:
         backoff = 0.0
@@ -109,16 +125,27 @@ class Notifier:
         self.interactions.handle(request.payload)
 
 
-def deliver(settings: Settings, client: WebClient | None = None) -> int:
-    """Send what the outbox holds once (``detector replay --notify``); return how many
-    messages were posted or updated.
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What one delivery did: messages posted or updated, and incidents it could not take
+    because another sender holds their lease (they are still to send)."""
+
+    messages: int
+    held: int
+
+
+def deliver(settings: Settings, client: WebClient | None = None) -> Sent:
+    """Send what the outbox holds once (``detector replay --notify``).
 
     Raises NotifyError (what failed stays in the outbox for the next try), StoreError.
     """
     engine = db.make_engine(settings.database.url)
     try:
-        sender = SlackSender(settings, client or web_client(settings.slack),
-                             db.session_factory(engine))  # fmt: skip
-        return sender.drain()
+        make_session = db.session_factory(engine)
+        sender = SlackSender(settings, client or web_client(settings.slack), make_session)
+        messages = sender.drain()
+        with make_session() as session:
+            held = len(outbox.pending_incidents(session=session))
+        return Sent(messages, held)
     finally:
         engine.dispose()

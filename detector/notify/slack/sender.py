@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from http.client import HTTPException
 from typing import Any
 
 from slack_sdk import WebClient
@@ -98,7 +99,7 @@ class SlackSender:
         # The replies were grouped before this read: it holds every entry they tell (rows are
         # committed with their entries) and the incident's latest state.
         thread = delivery.thread
-        inc, root = self._read(session, thread.incident_id)
+        inc, root = self._read(session, thread.incident_id, thread.drill)
         posted = 0
         if thread.ts is None:
             posted += self._post_root(thread, inc["key"], root, delivery.root_attempted)
@@ -116,13 +117,15 @@ class SlackSender:
             ts = self._find_reply(thread, batch.key) if batch.attempted else None
             if ts is None:
                 outbox.renew(session=session, thread=thread, lease_s=self._slack.lease_s)
-                reply = reply_message(inc, told, batch.key, self._slack.mention)
+                reply = reply_message(inc, told, batch.key, self._slack.mention, thread.drill)
                 ts = self._post(thread.channel, reply, thread_ts=thread.ts)
                 posted += 1
             outbox.mark_sent(session=session, batch=batch.key, ts=ts)
         return posted
 
-    def _read(self, session: Session, incident_id: int) -> tuple[dict[str, Any], Message]:
+    def _read(
+        self, session: Session, incident_id: int, drill: bool
+    ) -> tuple[dict[str, Any], Message]:
         """Return the incident's read-model dump, read now, and its root message."""
         session.expire_all()
         incident = session.get(Incident, incident_id)
@@ -133,6 +136,7 @@ class SlackSender:
             self._correlate.memory_ceiling,
             self._correlate.kv_cache_ceiling,
             datetime.now(UTC),
+            drill,
         )
         return inc, root_message(inc, incident_document(inc), options)
 
@@ -207,7 +211,7 @@ class SlackSender:
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else None
             raise NotifyError(str(error or "slack_error"), f"{method}: {exc}") from exc
-        except (SlackClientError, OSError) as exc:
+        except (SlackClientError, OSError, HTTPException) as exc:
             raise NotifyError("unreachable", f"{method}: {exc}") from exc
 
 
