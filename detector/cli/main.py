@@ -26,6 +26,7 @@ from detector.cli.classify import classify_cmd
 from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.report import render_report
 from detector.cli.settings import cli_settings as _settings
+from detector.cli.show import dead_letters_cmd, show_cmd
 from detector.cli.stream import incidents_cmd, produce_cmd, run_cmd
 from detector.config import Settings
 from detector.errors import DetectorError
@@ -45,6 +46,8 @@ app.command("ceilings")(ceilings_cmd)
 app.command("run")(run_cmd)
 app.command("produce")(produce_cmd)
 app.command("incidents")(incidents_cmd)
+app.command("show")(show_cmd)
+app.command("dead-letters")(dead_letters_cmd)
 app.command("gpu-sample")(gpu_sample_cmd)
 app.command("approve")(approve_cmd)
 app.command("deny")(deny_cmd)
