@@ -380,11 +380,15 @@ MIN_TOKEN_CHARS = 16  # shorter API tokens are refused: they can be guessed
 
 
 class WebSettings(BaseModel):
-    """The approvals HTTP endpoint (``detector serve``): address and bearer tokens.
+    """The web face (``detector serve``): address, tokens, who may read and act.
 
     ``tokens`` maps an owner's name to their token, e.g.
     ``DETECTOR_WEB__TOKENS='{"alice": "<32 random characters>"}'``; the owner is the approver
-    identity recorded on the timeline and must be on the approver allow-list.
+    identity recorded on the timeline and must be on the approver allow-list. A token is used as
+    a bearer token (the API) or at the login form (the pages). Behind an authenticating proxy
+    (oauth2-proxy), ``trusted_proxy_header`` names the identity header, honoured only from
+    ``trusted_proxies``. Reading needs an identity unless ``host`` is loopback or
+    ``public_read`` is set.
     """
 
     host: str = "127.0.0.1"
@@ -392,6 +396,16 @@ class WebSettings(BaseModel):
     tokens: dict[str, SecretStr] = Field(default_factory=dict)
     base_url: str = Field(
         "", description="where people reach the web pages, e.g. https://detector.example.com"
+    )
+    public_read: bool = Field(False, description="anyone may read the pages and the JSON API")
+    trusted_proxy_header: str = Field(
+        "", description="identity header set by an authenticating proxy, e.g. X-Forwarded-Email"
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="addresses/networks whose identity header is honoured"
+    )
+    session_secret: SecretStr | None = Field(
+        None, description="signs login sessions and CSRF tokens (default: random per process)"
     )
 
     @field_validator("tokens")

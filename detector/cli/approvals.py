@@ -298,8 +298,10 @@ def serve_cmd(
         typer.echo(f"slack: posting to {settings.slack.channel or 'per-namespace channels'}, "
                    f"clicks via {how}", err=True)  # fmt: skip
     where = (host or settings.web.host, port if port is not None else settings.web.port)
+    settings.web.host = where[0]  # reading is open only when bound to loopback
     store = db.redact(settings.database.url)
-    typer.echo(f"serving approvals on http://{where[0]}:{where[1]} for {store}", err=True)
+    typer.echo(f"serving the incident pages and approvals on http://{where[0]}:{where[1]} "
+               f"for {store}", err=True)  # fmt: skip
     uvicorn.run(
         create_app(settings),
         host=where[0],

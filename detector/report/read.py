@@ -34,3 +34,15 @@ def load_verdicts(*, session: Session, dedupe_keys: Sequence[str]) -> list[Verdi
     stmt = select(Verdict).where(Verdict.dedupe_key.in_(dedupe_keys))
     found = {v.dedupe_key: v for v in session.scalars(stmt)}
     return [VerdictOut.model_validate(found[k]) for k in dedupe_keys if k in found]
+
+
+@store_errors
+def load_incident(*, session: Session, ref: str) -> IncidentOut | None:
+    """Return the incident with key ``ref``, or numeric id ``ref``; None when there is none.
+
+    Raises StoreError.
+    """
+    incident = service.get_incident_by_key(session=session, key=ref)
+    if incident is None and ref.isdigit():
+        incident = service.get_incident(session=session, incident_id=int(ref))
+    return IncidentOut.model_validate(incident) if incident is not None else None

@@ -1,90 +1,57 @@
-"""The approvals HTTP endpoint: approve or deny a step with a bearer token.
+"""The web app factory: the pages, the JSON API, the approvals API and Slack's interactions.
 
-``POST /api/incidents/{key}/steps/{step}/approve`` and ``.../deny`` (``key``: the incident key,
-which contains ``/``, or its numeric id; ``step``: the step id or its position), optional JSON
-body ``{"reason": "...", "plan": "<digest>"}`` (``plan``: the digest of the plan the approver
-saw, as the approval request states it; a plan changed since is refused). The
-``Authorization: Bearer <token>`` header is compared in constant time with every token of the
-settings (``DETECTOR_WEB__TOKENS``, owner -> token); the owner is the approver identity
-recorded on the timeline, and must be on the approver allow-list
-(``DETECTOR_CONTAINMENT__APPROVERS``). Answers: 200 with the decision; 401 without a valid
-token; 403 when the owner may not approve; 404 for an unknown incident or step; 409 when the
-step is not waiting for approval (not requested yet, already decided, expired by the wall
-clock, withdrawn) or its plan changed; 503 when the store fails; nothing changes on a refusal.
-Slack's clicks arrive signed at ``POST /slack/interactions`` (``detector.web.slack``) and go
-through the same decide flow; with Slack configured the app also runs the Slack sender (and
-Socket Mode with an app token) while it serves.
+``create_app(settings)`` opens the store at startup (migrating it) and disposes of it at
+shutdown; with Slack configured it runs the ``Notifier`` (the sender, and Socket Mode) while it
+serves. Routers, one per surface: ``pages`` (HTML), ``api`` (JSON, health), ``approvals``
+(bearer-token decisions), ``slack`` (signed interactions). Every request sees one
+``WebContext`` (``request.app.state.web``). Assets are served by the app itself (``/static``):
+no CDN, no external font.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from pathlib import Path
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.staticfiles import StaticFiles
+from starlette.middleware.sessions import SessionMiddleware
 
 from detector import db
 from detector.config import Settings
-from detector.errors import ApprovalError, StoreError
-from detector.notify import flows as notify_flows
-from detector.notify.slack.interactions import Interactions
 from detector.notify.slack.notifier import Notifier
-from detector.runbooks.flows import DecisionKind, DecisionRequest
-from detector.web.slack import add_slack_routes
+from detector.web import api, approvals, pages, slack
+from detector.web.auth import Auth
+from detector.web.context import WebContext
 
 log = logging.getLogger(__name__)
 
-STATUS = {"forbidden": 403, "not_found": 404, "conflict": 409}
-CHALLENGE = {"WWW-Authenticate": 'Bearer realm="detector"'}
-
-
-class DecisionIn(BaseModel):
-    """The optional body of a decision."""
-
-    reason: str = Field("", max_length=1000)
-    plan: str = Field("", max_length=64, description="the plan digest the approver saw")
-
-
-def token_owner(tokens: Mapping[str, str], presented: str) -> str | None:
-    """Return the owner of ``presented`` among ``tokens`` (owner -> token), or None.
-
-    Every token is compared with ``hmac.compare_digest``, with no early exit, so the time
-    taken does not tell which token or how much of it matched.
-    """
-    found = None
-    given = presented.encode()
-    for owner, token in tokens.items():
-        if hmac.compare_digest(given, token.encode()):
-            found = owner
-    return found
+STATIC = Path(__file__).parent / "static"
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """Return the HTTP app; it opens the database at startup and disposes of it at shutdown."""
-    tokens = {owner: s.get_secret_value() for owner, s in settings.web.tokens.items()}
-    allowed = tuple(settings.containment.approvers)
-    url = settings.database.url
-    state: dict[str, Any] = {}
+    """Return the web app for ``settings`` (see the module doc)."""
+    secret = settings.web.session_secret
+    key = secret.get_secret_value().encode() if secret else secrets.token_bytes(32)
+    ctx = WebContext(settings, Auth(settings.web, key))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        db.upgrade(url)
-        engine = db.make_engine(url)
-        state["sessions"] = db.session_factory(engine)
-        notifier = Notifier(settings, state["sessions"]) if settings.slack.enabled else None
-        if notifier is not None:
-            notifier.start()
-            state["notifier"] = notifier
+        db.upgrade(settings.database.url)
+        engine = db.make_engine(settings.database.url)
+        ctx.make_session = db.session_factory(engine)
+        if settings.slack.enabled:
+            ctx.notifier = Notifier(settings, ctx.make_session)
+            ctx.notifier.start()
         try:
             yield
         finally:
-            if notifier is not None:
-                notifier.stop()
+            if ctx.notifier is not None:
+                ctx.notifier.stop()
             engine.dispose()
 
     app = FastAPI(
@@ -94,76 +61,37 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    app.state.web = ctx
 
     @app.middleware("http")
     async def boundary(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         try:
-            return await call_next(request)
+            response = await call_next(request)
         except Exception:  # the HTTP boundary: log the context, answer 500
             log.exception("request failed method=%s path=%s", request.method, request.url.path)
             return JSONResponse({"detail": "internal error"}, status_code=500)
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+            "frame-ancestors 'none'; form-action 'self'",
+        )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
 
-    def interactions() -> Interactions | None:
-        notifier = state.get("notifier")
-        return notifier.interactions if notifier is not None else None
-
-    add_slack_routes(app, settings.slack, interactions)
-
-    def approver(authorization: Annotated[str | None, Header()] = None) -> str:
-        scheme, _, presented = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
-            raise HTTPException(401, "a bearer token is required", headers=CHALLENGE)
-        owner = token_owner(tokens, presented.strip())
-        if owner is None:
-            raise HTTPException(401, "invalid token", headers=CHALLENGE)
-        return owner
-
-    # Depends as a default value: the annotations of these nested functions are strings
-    # (postponed evaluation) that FastAPI resolves in the module, where ``approver`` is unknown.
-    approver_dependency = Depends(approver)
-
-    def decide(key: str, step: str, approve: bool, who: str, body: DecisionIn | None) -> Any:
-        kind = DecisionKind.APPROVE if approve else DecisionKind.DENY
-        reason, plan = (body.reason, body.plan) if body is not None else ("", "")
-        request = DecisionRequest(kind, "http", who, reason, incident=key, step=step, plan=plan)
-        try:
-            with state["sessions"]() as session:
-                row = notify_flows.decide(
-                    request, session=session, approvers=allowed, slack=settings.slack
-                ).approval
-                assert row is not None
-                session.commit()
-                if "notifier" in state:
-                    state["notifier"].wake()
-                return {
-                    "incident": key,
-                    "step": row.step_id,
-                    "position": row.position,
-                    "status": row.status,
-                    "by": row.decided_by,
-                    "via": row.via,
-                    "decided_at": row.decided_at.isoformat() if row.decided_at else None,
-                }
-        except ApprovalError as exc:
-            raise HTTPException(STATUS.get(exc.reason, 400), exc.detail) from exc
-        except StoreError as exc:
-            log.warning("store failed path=incidents/%s/steps/%s error=%s", key, step, exc)
-            raise HTTPException(503, "the incident store is unavailable") from exc
-
-    @app.post("/api/incidents/{key:path}/steps/{step}/approve")
-    def approve(
-        key: str, step: str, body: DecisionIn | None = None, who: str = approver_dependency
-    ) -> Any:
-        """Approve a step waiting for approval, as the token's owner."""
-        return decide(key, step, True, who, body)
-
-    @app.post("/api/incidents/{key:path}/steps/{step}/deny")
-    def deny(
-        key: str, step: str, body: DecisionIn | None = None, who: str = approver_dependency
-    ) -> Any:
-        """Deny a step waiting for approval, as the token's owner: nothing is applied."""
-        return decide(key, step, False, who, body)
-
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=key.hex(),
+        session_cookie="detector_session",
+        same_site="strict",
+        https_only=settings.web.base_url.startswith("https://"),
+        max_age=12 * 3600,
+    )
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.include_router(api.router)
+    app.include_router(approvals.router)
+    app.include_router(slack.router)
+    app.include_router(pages.router)
     return app

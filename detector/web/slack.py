@@ -10,43 +10,40 @@ body over ``MAX_BODY_BYTES`` (Slack's payloads are a few kilobytes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Request, Response
 
-from fastapi import BackgroundTasks, FastAPI, HTTPException, Request, Response
-
-from detector.config import SlackSettings
 from detector.errors import NotifyError
-from detector.notify.slack.interactions import Interactions, signed_payload
+from detector.notify.slack.interactions import signed_payload
+from detector.web.deps import web
 
 MAX_BODY_BYTES = 1 << 20
 
 
-def add_slack_routes(
-    app: FastAPI, slack: SlackSettings, interactions: Callable[[], Interactions | None]
-) -> None:
-    """Add the interactions endpoint; ``interactions`` returns the handler once started."""
+router = APIRouter()
 
-    @app.post("/slack/interactions")
-    async def slack_interactions(request: Request, background: BackgroundTasks) -> Response:
-        """Verify, acknowledge, then carry out one Slack interaction."""
-        handler = interactions()
-        if slack.signing_secret is None or handler is None:
-            raise HTTPException(404, "Slack interactions are not configured")
-        length = request.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            raise HTTPException(413, "the request body is too large")
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise HTTPException(413, "the request body is too large")
-        try:
-            payload = signed_payload(
-                body,
-                request.headers.get("X-Slack-Request-Timestamp", ""),
-                request.headers.get("X-Slack-Signature", ""),
-                slack.signing_secret.get_secret_value(),
-            )
-        except NotifyError as exc:
-            status = 401 if exc.reason == "bad_signature" else 400
-            raise HTTPException(status, exc.detail) from exc
-        background.add_task(handler.handle, payload)
-        return Response(status_code=200)
+
+@router.post("/slack/interactions")
+async def slack_interactions(request: Request, background: BackgroundTasks) -> Response:
+    """Verify, acknowledge, then carry out one Slack interaction."""
+    ctx = web(request)
+    slack = ctx.settings.slack
+    if slack.signing_secret is None or ctx.notifier is None:
+        raise HTTPException(404, "Slack interactions are not configured")
+    length = request.headers.get("Content-Length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise HTTPException(413, "the request body is too large")
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise HTTPException(413, "the request body is too large")
+    try:
+        payload = signed_payload(
+            body,
+            request.headers.get("X-Slack-Request-Timestamp", ""),
+            request.headers.get("X-Slack-Signature", ""),
+            slack.signing_secret.get_secret_value(),
+        )
+    except NotifyError as exc:
+        status = 401 if exc.reason == "bad_signature" else 400
+        raise HTTPException(status, exc.detail) from exc
+    background.add_task(ctx.notifier.interactions.handle, payload)
+    return Response(status_code=200)

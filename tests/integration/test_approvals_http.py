@@ -24,7 +24,7 @@ from detector import db
 from detector.config import ContainmentSettings, DatabaseSettings, Settings, WebSettings
 from detector.incidents import service
 from detector.pipeline import replay
-from detector.web.app import token_owner
+from detector.web.auth import token_owner
 
 ALICE = "alice-token-0123456789abcdef"
 EVE = "eve-token-0123456789abcdef00"

@@ -1,0 +1,113 @@
+"""Who is asking: bearer tokens (the API), a login session (the pages), a trusted proxy header.
+
+- ``Authorization: Bearer <token>``: the owner of a token of ``DETECTOR_WEB__TOKENS``
+  (compared in constant time: ``token_owner``);
+- a session cookie set by ``POST /login`` with such a token (signed by Starlette's
+  ``SessionMiddleware``; ``HttpOnly``, ``SameSite=strict``, ``Secure`` behind https);
+- the header ``DETECTOR_WEB__TRUSTED_PROXY_HEADER`` (e.g. ``X-Forwarded-Email`` from
+  oauth2-proxy), honoured only from a peer address in ``DETECTOR_WEB__TRUSTED_PROXIES``.
+
+Reading needs an identity unless the server binds to loopback or ``DETECTOR_WEB__PUBLIC_READ``
+is set; acting always needs one on the approver allow-list, and a page's form carries a CSRF
+token: an HMAC of the identity with the session secret (``csrf_token``), compared in constant
+time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Mapping
+
+from fastapi import HTTPException, Request
+
+from detector.config import WebSettings
+
+SESSION_KEY = "who"
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="detector"'}
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def token_owner(tokens: Mapping[str, str], presented: str) -> str | None:
+    """Return the owner of ``presented`` among ``tokens`` (owner -> token), or None.
+
+    Every token is compared with ``hmac.compare_digest``, with no early exit, so the time
+    taken does not tell which token or how much of it matched.
+    """
+    found = None
+    given = presented.encode()
+    for owner, token in tokens.items():
+        if hmac.compare_digest(given, token.encode()):
+            found = owner
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """Return True when ``host`` (a bind address or name) is the loopback interface."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Auth:
+    """Resolve the identity of a request from the web settings."""
+
+    def __init__(self, web: WebSettings, secret: bytes) -> None:
+        self._web = web
+        self._tokens = {owner: s.get_secret_value() for owner, s in web.tokens.items()}
+        self._secret = secret
+        self.open_read = web.public_read or is_loopback(web.host)
+
+    def bearer(self, request: Request) -> str:
+        """Return the owner of the request's bearer token; raises HTTPException(401)."""
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise HTTPException(401, "a bearer token is required", headers=CHALLENGE)
+        owner = token_owner(self._tokens, presented.strip())
+        if owner is None:
+            raise HTTPException(401, "invalid token", headers=CHALLENGE)
+        return owner
+
+    def login(self, presented: str) -> str | None:
+        """Return the owner of a token given at the login form, or None."""
+        return token_owner(self._tokens, presented.strip()) if presented.strip() else None
+
+    def identity(self, request: Request) -> str | None:
+        """Return who is asking: the trusted proxy's header, else the login session."""
+        header = self._web.trusted_proxy_header
+        if header and self._from_trusted_proxy(request):
+            who = request.headers.get(header, "").strip()
+            if who:
+                return who
+        found = request.session.get(SESSION_KEY)
+        return found if isinstance(found, str) and found else None
+
+    def may_read(self, request: Request) -> bool:
+        """Return True when the request may read the pages and the JSON API."""
+        return self.open_read or self.identity(request) is not None
+
+    def csrf_token(self, who: str) -> str:
+        """Return the CSRF token of ``who``'s forms (HMAC-SHA256 of the identity)."""
+        return hmac.new(self._secret, f"csrf:{who}".encode(), hashlib.sha256).hexdigest()
+
+    def check_csrf(self, who: str, presented: str) -> bool:
+        """Return True when ``presented`` is ``who``'s CSRF token."""
+        return hmac.compare_digest(self.csrf_token(who).encode(), presented.encode())
+
+    def _from_trusted_proxy(self, request: Request) -> bool:
+        peer = request.client.host if request.client else ""
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return False
+        for entry in self._web.trusted_proxies:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                continue
+        return False

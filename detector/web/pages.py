@@ -1,0 +1,260 @@
+"""The HTML pages: the incident list, the incident timeline, dead letters, login, decisions.
+
+Rendered server-side with Jinja2 (autoescape on: every value from input is text, never markup)
+from the read model; they work without JavaScript, and ``/static/live.js`` refreshes an open
+incident's page in place (it asks for ``?partial=1`` and swaps the content only when its
+``data-version`` changed). Decisions (approve/deny a step, arm/disarm a workload, the kill
+switch) take two steps: a confirmation page that shows what will happen, then a POST with the
+identity's CSRF token, through the one decide flow. Reading needs an identity unless the
+server binds to loopback or ``DETECTOR_WEB__PUBLIC_READ`` is set (``detector.web.auth``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from detector.errors import StoreError
+from detector.incidents import service
+from detector.notify.slack.blocks import BLAST_PARAMS
+from detector.report.document import past_expiry
+from detector.report.listing import list_incidents
+from detector.runbooks.flows import DecisionKind, DecisionRequest
+from detector.textsafe import printable
+from detector.web.api import incident_view
+from detector.web.auth import SESSION_KEY
+from detector.web.charts import charts
+from detector.web.deps import decide, web
+
+router = APIRouter()
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+# Every value from input is printed with its control and bidi characters shown as escapes,
+# then autoescaped: text, never markup or a control code.
+templates.env.finalize = lambda value: printable(value) if isinstance(value, str) else value
+PAGE_SIZE = 200  # timeline entries per page
+STAGES = ("suspected", "cascading", "contained", "resolved")
+CONTROLS = {
+    "arm": DecisionKind.ARM,
+    "disarm": DecisionKind.DISARM,
+    "kill-switch-on": DecisionKind.KILL_SWITCH_ON,
+    "kill-switch-off": DecisionKind.KILL_SWITCH_OFF,
+}
+
+
+def _page(request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+    ctx = web(request)
+    who = ctx.auth.identity(request)
+    values |= {"who": who, "csrf": ctx.auth.csrf_token(who) if who else ""}
+    return templates.TemplateResponse(request, name, values, status_code=status)
+
+
+def _reader(request: Request) -> RedirectResponse | None:
+    if web(request).auth.may_read(request):
+        return None
+    target = quote(str(request.url.path) + ("?" + request.url.query if request.url.query else ""))
+    return RedirectResponse(f"/login?next={target}", status_code=303)
+
+
+@router.get("/", include_in_schema=False)
+def home() -> RedirectResponse:
+    """Send people to the incident list."""
+    return RedirectResponse("/incidents", status_code=303)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/incidents") -> HTMLResponse:
+    """Show the login form (a token of ``DETECTOR_WEB__TOKENS``)."""
+    return _page(request, "login.html", next=_local(next), error="")
+
+
+@router.post("/login", response_model=None)
+def login(
+    request: Request, token: str = Form(""), next: str = Form("/incidents")
+) -> HTMLResponse | RedirectResponse:
+    """Start a session for the token's owner; 401 with the form again when it is unknown."""
+    who = web(request).auth.login(token)
+    if who is None:
+        return _page(request, "login.html", 401, next=_local(next), error="unknown token")
+    request.session[SESSION_KEY] = who
+    return RedirectResponse(_local(next), status_code=303)
+
+
+@router.post("/logout")
+def logout(request: Request, csrf: str = Form("")) -> RedirectResponse:
+    """End the session."""
+    _actor(request, csrf)
+    request.session.clear()
+    return RedirectResponse("/incidents", status_code=303)
+
+
+@router.get("/incidents", response_class=HTMLResponse, response_model=None)
+def incidents(
+    request: Request, stage: str = "", namespace: str = "", since_h: float = 0.0
+) -> Response:
+    """List the incidents (open ones first) and the verdicts, with filters."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    since = datetime.now(UTC) - timedelta(hours=since_h) if since_h > 0 else None
+    with web(request).session() as session:
+        rows = list_incidents(session=session, stage=stage or None,
+                              namespace=namespace or None, since=since)  # fmt: skip
+        verdicts = service.list_verdicts(session=session)[:200]
+    filters = {"stage": stage, "namespace": namespace, "since_h": since_h or ""}
+    return _page(request, "incidents.html", rows=rows, verdicts=verdicts, filters=filters,
+                 stages=STAGES)  # fmt: skip
+
+
+@router.get("/incidents/{ref:path}/steps/{position}/{action}", response_class=HTMLResponse)
+def confirm_step(request: Request, ref: str, position: int, action: str) -> HTMLResponse:
+    """Show what approving or denying the step does, with the form that does it."""
+    if action not in ("approve", "deny"):
+        raise HTTPException(404, "no such action")
+    view = incident_view(request, ref)
+    step = next((s for s in view["steps"] if s["position"] == position), None)
+    if step is None:
+        raise HTTPException(404, "no such step")
+    return _page(request, "confirm_step.html", inc=view, step=_step_view(step), action=action)
+
+
+@router.get("/incidents/{ref:path}", response_class=HTMLResponse, response_model=None)
+def incident(
+    request: Request, ref: str, kind: str = "", page: int = 1, partial: bool = False
+) -> Response:
+    """Show one incident: header, charts, steps, questions, timeline (paged), evidence."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    view = incident_view(request, ref)
+    version = hashlib.sha256(json.dumps(view, sort_keys=True, default=str).encode()).hexdigest()
+    kinds = sorted({t["kind"] for t in view["timeline"]})
+    shown = [t for t in view["timeline"] if not kind or t["kind"] == kind]
+    pages = max(1, -(-len(shown) // PAGE_SIZE))
+    page = min(max(page, 1), pages)
+    settings = web(request).settings
+    values: dict[str, Any] = {
+        "inc": view,
+        "version": version[:16],
+        "charts": charts(
+            view.get("series", []), _markers(view), settings.correlate.kv_cache_ceiling
+        ),
+        "steps": [_step_view(s) for s in view["steps"]],
+        "kinds": kinds,
+        "kind": kind,
+        "entries": shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
+        "page": page,
+        "pages": pages,
+        "evidence": {e["id"]: e for e in view["evidence"]},
+        "query": lambda **q: "?" + urlencode({"kind": kind, "page": page} | q),
+        "partial": partial,
+    }
+    return _page(request, "incident_body.html" if partial else "incident.html", **values)
+
+
+@router.post("/incidents/{ref:path}/steps/{position}/{action}")
+def decide_step(
+    request: Request,
+    ref: str,
+    position: int,
+    action: str,
+    csrf: str = Form(""),
+    plan: str = Form(""),
+    reason: str = Form("", max_length=1000),
+) -> RedirectResponse:
+    """Approve or deny the step as the logged-in approver; then back to the incident."""
+    if action not in ("approve", "deny"):
+        raise HTTPException(404, "no such action")
+    who = _actor(request, csrf)
+    kind = DecisionKind.APPROVE if action == "approve" else DecisionKind.DENY
+    decide(request, DecisionRequest(kind, "web", who, reason, incident=ref,
+                                    step=str(position), plan=plan))  # fmt: skip
+    return RedirectResponse(f"/incidents/{quote(ref)}", status_code=303)
+
+
+@router.get("/controls/{action}", response_class=HTMLResponse)
+def confirm_control(request: Request, action: str, workload: str = "") -> HTMLResponse:
+    """Show what arming, disarming or the kill switch does, with the form that does it."""
+    if action not in CONTROLS:
+        raise HTTPException(404, "no such control")
+    return _page(request, "confirm_control.html", action=action, workload=workload)
+
+
+@router.post("/controls/{action}")
+def control(
+    request: Request,
+    action: str,
+    csrf: str = Form(""),
+    workload: str = Form(""),
+    reason: str = Form("", max_length=1000),
+) -> RedirectResponse:
+    """Arm or disarm a workload, or switch the kill switch, as the logged-in approver."""
+    kind = CONTROLS.get(action)
+    if kind is None:
+        raise HTTPException(404, "no such control")
+    who = _actor(request, csrf)
+    decide(request, DecisionRequest(kind, "web", who, reason, workload=workload))
+    return RedirectResponse("/incidents", status_code=303)
+
+
+@router.get("/dead-letters", response_class=HTMLResponse, response_model=None)
+def dead_letters(request: Request, reason: str = "") -> Response:
+    """List the rejected records by reason, with their raw bytes shown as text."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    from detector.report.dead_letters import load_dead_letters
+
+    try:
+        with web(request).session() as session:
+            found = load_dead_letters(session=session, reason=reason or None, limit=200)
+    except StoreError as exc:
+        raise HTTPException(503, "the incident store is unavailable") from exc
+    return _page(request, "dead_letters.html", found=found, reason=reason)
+
+
+def _actor(request: Request, csrf: str) -> str:
+    """Return the identity acting, on the allow-list, with a valid CSRF token; else 401/403."""
+    ctx = web(request)
+    who = ctx.auth.identity(request)
+    if who is None:
+        raise HTTPException(401, "log in first: /login")
+    if not ctx.auth.check_csrf(who, csrf):
+        raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page")
+    return who
+
+
+def _local(target: str) -> str:
+    """Return ``target`` when it is a path of this site (no open redirect), else the list."""
+    return target if target.startswith("/") and not target.startswith("//") else "/incidents"
+
+
+def _step_view(step: dict[str, Any]) -> dict[str, Any]:
+    approval = step["approval_state"]
+    waiting = (
+        step["state"] == "awaiting_approval"
+        and approval.get("status") == "pending"
+        and past_expiry(approval) is None
+    )
+    params = step.get("params") or {}
+    radius = [(label, params[key]) for key, label in BLAST_PARAMS if params.get(key) not in
+              (None, "", [])]  # fmt: skip
+    return step | {"waiting": waiting, "radius": radius, "expired": past_expiry(approval)}
+
+
+def _markers(view: dict[str, Any]) -> list[tuple[datetime, str, str]]:
+    found = []
+    for t in view["timeline"]:
+        when = datetime.fromisoformat(t["time"])
+        detail = t.get("detail") or {}
+        if t["kind"] == "stage":
+            found.append((when, "stage", t["message"].split(":", 1)[0]))
+        elif t["kind"] == "signal" and t["message"].startswith("victim #"):
+            found.append((when, "death", t["message"].split(":", 1)[0]))
+        elif t["kind"] == "step" and detail.get("event") in ("applied", "lifted", "rolled_back"):
+            found.append((when, "step", f"step {detail.get('position')} {detail.get('event')}"))
+    return found
