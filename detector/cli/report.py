@@ -33,7 +33,7 @@ def render_report(result: ReplayResult, console: Console) -> None:
     _render_unattributed(ev, console)
     console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
     for inc in doc["incidents"]:
-        _render_incident(inc, console)
+        render_incident(inc, console)
     console.print(f"\n[bold]{len(doc['verdicts'])} verdict(s): not this pattern[/bold]")
     for v in doc["verdicts"]:
         console.print(f"- {_t(v['workload'], one_line=True)}: {_t(v['verdict'])}")
@@ -73,7 +73,8 @@ def _render_unattributed(ev: dict[str, Any], console: Console) -> None:
             console.print(f"    e.g. {_t(where, one_line=True)}", soft_wrap=True)
 
 
-def _render_incident(inc: dict[str, Any], console: Console) -> None:
+def render_incident(inc: dict[str, Any], console: Console) -> None:
+    """Print one incident of the report (also ``detector show``), every input string escaped."""
     console.rule(
         f"incident #{_t(inc['id'])} {_t(inc['pattern'])} {_t(inc['workload'], one_line=True)}"
     )

@@ -23,7 +23,7 @@ from rich.console import Console
 from sqlalchemy.orm import Session
 
 from detector import db
-from detector.cli.report import _render_incident as render_incident
+from detector.cli.report import render_incident
 from detector.cli.settings import cli_settings
 from detector.config import Settings
 from detector.errors import DetectorError
