@@ -35,6 +35,14 @@ services:
 	  fi; \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends nginx; \
 	fi
+	@# chromium for tests/e2e/test_web_browser.py, driven by PyPI playwright (the dev extra)
+	@# with executable_path=/usr/bin/chromium: `playwright install` downloads nothing here.
+	@if ! test -x /usr/bin/chromium; then \
+	  [ "$$(id -u)" = 0 ] || { echo "chromium missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing the Debian package chromium"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends chromium; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check detector tests bench migrations
