@@ -38,7 +38,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import ReturnTypeFromArgs
 
 from detector.errors import StoreError
 
@@ -306,6 +309,49 @@ def insert_ignore(
     # rowcount of an INSERT is only kept when asked for: 1 inserted, 0 on conflict.
     result = connection.execute(stmt.execution_options(preserve_rowcount=True))
     return result.rowcount == 1
+
+
+def upsert(
+    session: Session,
+    model: Any,
+    rows: Sequence[Mapping[str, Any]],
+    keys: Sequence[str],
+    update: Callable[[Any], Mapping[str, Any]],
+) -> None:
+    """Insert ``rows`` of ``model``; a row whose unique ``keys`` exist updates it instead.
+
+    ``INSERT ... ON CONFLICT (keys) DO UPDATE SET ...`` on SQLite (3.24+) and PostgreSQL, one
+    executemany: ``update(excluded)`` returns the SET clause, column name -> SQL expression,
+    where ``excluded`` holds the proposed row's columns (``excluded.value``) and the model's
+    own columns are the stored row's (https://www.sqlite.org/lang_upsert.html,
+    https://www.postgresql.org/docs/current/sql-insert.html#SQL-ON-CONFLICT). Pending ORM
+    changes are flushed first. Raises ``StoreError`` on any other database.
+    """
+    if not rows:
+        return
+    session.flush()
+    connection = session.connection()
+    dialect = connection.dialect.name
+    table = cast(Table, model.__table__)
+    if dialect == "postgresql":
+        stmt: Any = postgresql.insert(table)
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(table)
+    else:
+        raise StoreError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+    stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=dict(update(stmt.excluded)))
+    connection.execute(stmt, [dict(row) for row in rows])
+
+
+class greatest(ReturnTypeFromArgs[Any]):  # an SQL function: named as in SQL
+    """The larger of its arguments: ``GREATEST`` on PostgreSQL, ``max(a, b)`` on SQLite."""
+
+    inherit_cache = True
+
+
+@compiles(greatest, "sqlite")
+def _greatest_sqlite(element: greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
 
 
 def get_or_insert(

@@ -239,7 +239,8 @@ class Processor:
         return None
 
     def record(self, batch: Batch, session: Session) -> None:
-        """Write each decision to the incident store (incidents, verdicts, timeline)."""
+        """Write each decision to the incident store (incidents, verdicts, timeline), then
+        the touched incidents' series buckets that changed (charts, postmortem)."""
         for d in batch.decisions:
             self.clock = max(self.clock, decision_time(d))
             incident = self.recorder.record(d, session=session, contexts=self.correlator.context)
@@ -248,6 +249,8 @@ class Processor:
             else:
                 batch.incidents[incident.key] = incident
                 self.seen[incident.key] = None
+        for incident in batch.incidents.values():
+            self.recorder.record_series(incident, self.correlator, session=session)
 
     def contain(self, batch: Batch, session: Session) -> None:
         """Plan or re-plan the runbooks the decisions call for, then advance their steps."""
@@ -276,6 +279,7 @@ class Processor:
             if ctx is not None:
                 self._advance(key, incident, session)
                 answer(incident, ctx, session=session)
+                self.recorder.record_series(incident, self.correlator, session=session)
                 notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed

@@ -14,6 +14,7 @@ from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
+from detector.correlate.series import GPU_MEMORY, KV_CACHE, SeriesBook, SeriesPoint
 from detector.correlate.state import Decision, IncidentState, Stage, WorkloadState
 from detector.correlate.unattributed import UnattributedTally
 from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow, upstream_failed
@@ -62,6 +63,10 @@ class Correlator:
         self.unattributed_by_reason = UnattributedTally()  # what was left out, why, how to fix
         self._open: dict[str, WorkloadState] = {}  # incident key -> workload state
         self._contexts: dict[str, IncidentContext] = {}  # resolved incidents' views
+        self.series_book: SeriesBook[WorkloadRef] = (
+            SeriesBook()
+        )  # per-workload time series for charts
+        self._ended: dict[str, tuple[WorkloadRef, float, float]] = {}  # resolved: series spans
         self._sweep_every_s = settings.window_s / SWEEPS_PER_WINDOW
         self._next_sweep = 0.0  # event time of the next look for idle pods
 
@@ -103,7 +108,7 @@ class Correlator:
             inc = ws.incident
             out += pattern.on_clock(ws, now, self.cfg)
             if inc is not None and ws.incident is not inc:
-                self._keep_resolved(ws, key, _context(ws, inc))
+                self._keep_resolved(ws, key, _context(ws, inc), now)
                 del self._open[key]
         return out
 
@@ -131,22 +136,27 @@ class Correlator:
         reason = f"pod {pod} belongs to {ws.ref.label} (named by its pod object later): moved there"
         out = pattern.set_stage(inc, Stage.RESOLVED, now, reason)
         self._open.pop(inc.key, None)
-        self._keep_resolved(old, inc.key, _context(old, inc))
+        self._keep_resolved(old, inc.key, _context(old, inc), now)
         ws.last_oom.pop(pod, None)  # applied again below, each death counted once
         for sig in inc.signals:
             if sig.kind is SignalKind.GPU_OOM:
                 out += pattern.on_gpu_oom(ws, sig, self.cfg)
         return out
 
-    def _keep_resolved(self, ws: WorkloadState, key: str, ctx: IncidentContext) -> None:
+    def _keep_resolved(
+        self, ws: WorkloadState, key: str, ctx: IncidentContext, resolved_at: float
+    ) -> None:
         """Keep the view of a resolved incident, dropping the workload's oldest beyond the cap."""
         kept = ws.resolved
         if key in kept:
             kept.remove(key)
         elif len(kept) >= RESOLVED_KEPT_PER_WORKLOAD:
-            self._contexts.pop(kept.popleft(), None)
+            oldest = kept.popleft()
+            self._contexts.pop(oldest, None)
+            self._ended.pop(oldest, None)
         kept.append(key)
         self._contexts[key] = ctx
+        self._ended[key] = (ws.ref, ctx.opened_at - self.cfg.window_s, resolved_at)
 
     def _forget_idle(self, now: float) -> None:
         """Forget pods and GPUs idle for longer than the window, outside open incidents.
@@ -154,8 +164,10 @@ class Correlator:
         A workload of kind ``unknown`` is its one pod (no controller could be told from its
         name or labels): it goes with its pod, with its resolved incidents' views.
         """
+        last_sweep = self._next_sweep - self._sweep_every_s
         self._next_sweep = now + self._sweep_every_s
         horizon = now - self.cfg.window_s
+        self._drop_series(horizon, last_sweep)
         for ref, ws in list(self.workloads.items()):
             if ws.incident is not None:
                 continue
@@ -164,8 +176,26 @@ class Correlator:
             if ref.kind == "unknown" and not ws.pods:
                 del self.workloads[ref]
                 self.resolver.forget_workload(ref)
+                self.series_book.forget(ref)
                 for key in ws.resolved:
                     self._contexts.pop(key, None)
+                    self._ended.pop(key, None)
+
+    def _drop_series(self, horizon: float, last_sweep: float) -> None:
+        """Drop series buckets before ``horizon``, or before the span of an open incident or
+        of one resolved since ``last_sweep`` (its last buckets are written after the decision
+        that resolved it: ``series``)."""
+        book, window_s = self.series_book, self.cfg.window_s
+        keep: dict[WorkloadRef, float] = {}
+        for ref, start, resolved_at in self._ended.values():
+            if resolved_at >= last_sweep:
+                keep[ref] = min(start, keep.get(ref, start))
+        for ref in list(book.workloads):
+            until = min(horizon, keep.get(ref, horizon))
+            ws = self.workloads.get(ref)
+            if ws is not None and ws.incident is not None:
+                until = min(until, ws.incident.opened_at - window_s)
+            book.drop_before(ref, until)
 
     @property
     def open_incidents(self) -> int:
@@ -178,6 +208,27 @@ class Correlator:
         if ws is not None and ws.incident is not None and ws.incident.key == key:
             return _context(ws, ws.incident)
         return self._contexts.get(key)
+
+    @property
+    def series_version(self) -> int:
+        """Return the series' change counter (``series(key, since=...)``)."""
+        return self.series_book.version
+
+    def series(self, key: str, *, since: int = 0) -> list[SeriesPoint]:
+        """Return incident ``key``'s series (:mod:`detector.correlate.series`) from
+        ``opened_at - window_s`` to now (resolved: to its resolution), the buckets changed
+        after version ``since``; ordered by metric, label, time. Empty when the correlator no
+        longer holds the incident or its buckets.
+        """
+        ws = self._open.get(key)
+        if ws is not None and ws.incident is not None and ws.incident.key == key:
+            start = ws.incident.opened_at - self.cfg.window_s
+            return self.series_book.points(ws.ref, start, since=since)
+        ended = self._ended.get(key)
+        if ended is None:
+            return []
+        ref, start, end = ended
+        return self.series_book.points(ref, start, end, since=since)
 
     def observe_all(self, signals: Iterable[Signal]) -> list[Decision]:
         """Apply many signals in order; return all decisions."""
@@ -266,6 +317,11 @@ class Correlator:
             return []  # VRAM sits near its reservation: KV cache, preemptions, queue decide
         ratio = used / total
         reserved = ws.reservations.get(sig.pod or "") or ws.reservations.get("")
+        if sig.pod:
+            ceiling = (
+                self.cfg.memory_ceiling if reserved is None else reserved[1] + RESERVATION_MARGIN
+            )
+            self.series_book.add_pressure(ws.ref, sig.time, sig.pod, GPU_MEMORY, ratio, ceiling)
         if reserved is not None:
             return self._reserved_memory(ws, sig, ratio, reserved)
         what = "GPU memory"
@@ -315,6 +371,10 @@ class Correlator:
         usage = a.get("kv_cache_usage")
         if isinstance(usage, int | float):
             ws.engine_metrics = True
+            if pod:
+                self.series_book.add_pressure(
+                    ws.ref, sig.time, pod, KV_CACHE, float(usage), cfg.kv_cache_ceiling
+                )
             out += self._pressure(ws, sig, "KV cache", float(usage), cfg.kv_cache_ceiling)
         preempted = a.get("preemptions")
         if isinstance(preempted, int | float):
@@ -366,6 +426,7 @@ class Correlator:
             count = _response_count(ws, sig)
         if count <= 0:
             return []
+        self.series_book.add_responses(ws.ref, sig.time, status, count)
         lb, cfg = ws.lb, self.cfg
         upstream_error = upstream_failed(
             attrs.get("upstream_status"), attrs.get("upstream_statuses")

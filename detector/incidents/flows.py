@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from sqlalchemy import case
 from sqlalchemy.orm import Session
 
 from detector.correlate.context import IncidentContext
+from detector.correlate.series import SeriesPoint
 from detector.correlate.state import (
     PATTERN,
     Decision,
@@ -25,11 +27,25 @@ from detector.correlate.state import (
     VerdictRecorded,
     VictimAdded,
 )
+from detector.db import greatest, store_errors, to_datetime, upsert
 from detector.incidents import service
-from detector.incidents.models import Evidence, Incident
+from detector.incidents.models import Evidence, Incident, SeriesValue
 from detector.incidents.questions import answer_questions
 
 ContextLookup = Callable[[str], IncidentContext | None]
+
+
+class SeriesSource(Protocol):
+    """Where incidents' time series come from (``detector.correlate.correlator.Correlator``)."""
+
+    @property
+    def series_version(self) -> int:
+        """Return the series' change counter."""
+        ...
+
+    def series(self, key: str, *, since: int = 0) -> list[SeriesPoint]:
+        """Return incident ``key``'s points in buckets changed after version ``since``."""
+        ...
 
 
 @dataclass
@@ -41,6 +57,7 @@ class IncidentRecorder:
     """
 
     incidents: dict[str, Incident] = field(default_factory=dict)
+    series_written: dict[str, int] = field(default_factory=dict)  # key -> series version written
 
     def record(self, d: Decision, *, session: Session, contexts: ContextLookup) -> Incident | None:
         """Write one decision and its timeline entry; return the incident (None: a verdict)."""
@@ -69,6 +86,21 @@ class IncidentRecorder:
         """Drop the rows of incidents the correlator no longer holds."""
         for key in [k for k in self.incidents if contexts(k) is None]:
             del self.incidents[key]
+            self.series_written.pop(key, None)
+
+    def record_series(self, incident: Incident, source: SeriesSource, *, session: Session) -> int:
+        """Write the incident's series buckets changed since the last write; return the rows.
+
+        Idempotent (``write_series``); the first write of a process sends every bucket held.
+        """
+        key, version = incident.key, source.series_version
+        since = self.series_written.get(key, 0)
+        if since == version:
+            return 0
+        points = source.series(key, since=since)
+        write_series(incident, points, session=session)
+        self.series_written[key] = version
+        return len(points)
 
     def _incident(self, d: Decision, session: Session) -> Incident:
         key = d.key  # type: ignore[union-attr]
@@ -93,6 +125,34 @@ class IncidentRecorder:
         note(session, incident, d.time, "note", f"{PATTERN} incident opened for "
              f"{d.workload.label}", "opened")  # fmt: skip
         return incident
+
+
+@store_errors
+def write_series(incident: Incident, points: list[SeriesPoint], *, session: Session) -> None:
+    """Upsert ``points`` as the incident's ``incident_series`` rows (one per metric, label and
+    bucket): a stored value is kept when larger (the values of a bucket only grow, so a
+    re-read of part of a bucket never lowers it), unless the detail changed (a pod's bucket
+    moved from GPU memory to KV cache). Raises StoreError.
+    """
+    stored = SeriesValue.__table__.c
+    rows = [
+        {
+            "incident_id": incident.id,
+            "time": to_datetime(p.time),
+            "metric": p.metric,
+            "label": p.label[:255],
+            "value": p.value,
+            "detail": p.detail[:32],
+        }
+        for p in points
+    ]
+
+    def update(new: Any) -> dict[str, Any]:
+        grown = greatest(stored.value, new.value)
+        value = case((stored.detail == new.detail, grown), else_=new.value)
+        return {"value": value, "detail": new.detail}
+
+    upsert(session, SeriesValue, rows, ("incident_id", "metric", "label", "time"), update)
 
 
 def record_verdict(d: VerdictRecorded, *, session: Session) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -172,6 +173,27 @@ class TimelineEntry(Base):
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # a step's actor, diff ...
 
     evidence: Mapped[Evidence | None] = relationship()
+
+
+class SeriesValue(Base):
+    """One bucket of one time series of an incident (``detector.correlate.series``).
+
+    ``metric``: requests, errors_5xx, shed_429 (responses in the bucket; label ""), pressure
+    (a pod's highest used/total ratio; label: the pod) and ceiling (the ratio it was judged
+    against); ``detail``: "KV cache" or "GPU memory" for the last two. ``time`` is the start of
+    the bucket. Unique per (incident, metric, label, time): written by upsert.
+    """
+
+    __tablename__ = "incident_series"
+    __table_args__ = (UniqueConstraint("incident_id", "metric", "label", "time"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(IdType, ForeignKey("incidents.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(UTCDateTime())
+    metric: Mapped[str] = mapped_column(String(32))
+    label: Mapped[str] = mapped_column(String(255), default="")
+    value: Mapped[float] = mapped_column(Float)
+    detail: Mapped[str] = mapped_column(String(32), default="")
 
 
 class Verdict(Base):

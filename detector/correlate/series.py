@@ -1,0 +1,160 @@
+"""Per-workload time series in fixed event-time buckets, for charts and the postmortem (pure).
+
+The correlator feeds every attributed load-balancer response and pressure reading to one
+``SeriesBook``; an incident's series is read back as ``SeriesPoint``s (``points``):
+
+- ``requests``, ``errors_5xx`` (HTTP 500-599 the load balancer answered), ``shed_429``
+  (HTTP 429): responses per bucket, label ``""`` (the workload);
+- ``pressure``: per pod (label), the highest used/total ratio in the bucket, detail ``KV cache``
+  or ``GPU memory`` (KV cache wins a bucket: for engines that pre-reserve VRAM it is the
+  measure); ``ceiling``: the ceiling that reading was judged against, same label and detail.
+
+Every value of a bucket only grows (a count, a maximum), so a writer may upsert a bucket's
+latest value with ``max`` and a re-read of part of a bucket never lowers it. Each change
+stamps its bucket with the book's ``version``: ``points(since=v)`` returns only the buckets
+changed after ``v``, so a writer sends only what changed since its last write.
+
+Memory: buckets older than a horizon the caller passes (``drop_before``) go; the correlator
+keeps the window and its open incidents' spans (workloads x window, like its other state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Final, Generic, NamedTuple, TypeVar
+
+SERIES_BUCKET_S: Final = 5.0  # seconds of event time per bucket
+REQUESTS: Final = "requests"
+ERRORS_5XX: Final = "errors_5xx"
+SHED_429: Final = "shed_429"
+PRESSURE: Final = "pressure"
+CEILING: Final = "ceiling"
+KV_CACHE: Final = "KV cache"
+GPU_MEMORY: Final = "GPU memory"
+_RANK: Final = {GPU_MEMORY: 0, KV_CACHE: 1}  # the measure that wins a pod's bucket
+
+K = TypeVar("K", bound=Hashable)  # what names a workload (the correlator: ``WorkloadRef``)
+
+
+class SeriesPoint(NamedTuple):
+    """One value of one series: ``time`` is the bucket's start (Unix seconds)."""
+
+    time: float
+    metric: str  # requests | errors_5xx | shed_429 | pressure | ceiling
+    label: str  # "" for the workload's load-balancer series; the pod for pressure, ceiling
+    value: float  # responses in the bucket; or a used/total ratio (0..1, may exceed 1)
+    detail: str = ""  # pressure, ceiling: "KV cache" | "GPU memory"
+
+
+class WorkloadSeries:
+    """The buckets of one workload: responses by bucket index, pressure by (index, pod)."""
+
+    __slots__ = ("lb", "pressure")
+
+    def __init__(self) -> None:
+        # bucket index -> [requests, errors_5xx, shed_429, version of the last change]
+        self.lb: dict[int, list[int]] = {}
+        # (bucket index, pod) -> [ratio, ceiling, detail, version of the last change]
+        self.pressure: dict[tuple[int, str], tuple[float, float, str, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.lb) + len(self.pressure)
+
+
+class SeriesBook(Generic[K]):
+    """The series of every workload the correlator sees, keyed by workload (pure)."""
+
+    def __init__(self, bucket_s: float = SERIES_BUCKET_S) -> None:
+        self.bucket_s = bucket_s
+        self.workloads: dict[K, WorkloadSeries] = {}
+        self.version = 0  # grows by one per change; ``points(since=...)`` compares with it
+        self._last: tuple[K, WorkloadSeries] | None = None  # the latest workload: no hashing
+
+    def _series(self, workload: K) -> WorkloadSeries:
+        """Return ``workload``'s buckets, created when new."""
+        last = self._last
+        if last is not None and last[0] is workload:
+            return last[1]
+        ws = self.workloads.get(workload)
+        if ws is None:
+            ws = self.workloads[workload] = WorkloadSeries()
+        self._last = (workload, ws)
+        return ws
+
+    def add_responses(self, workload: K, time: float, status: int, count: int) -> None:
+        """Count ``count`` responses with HTTP ``status`` at event ``time`` (Unix seconds)."""
+        ws = self._series(workload)
+        index = int(time // self.bucket_s)
+        bucket = ws.lb.get(index)
+        if bucket is None:
+            bucket = ws.lb[index] = [0, 0, 0, 0]
+        bucket[0] += count
+        if 500 <= status <= 599:
+            bucket[1] += count
+        elif status == 429:
+            bucket[2] += count
+        self.version += 1
+        bucket[3] = self.version
+
+    def add_pressure(
+        self, workload: K, time: float, pod: str, detail: str, ratio: float, ceiling: float
+    ) -> None:
+        """Keep the highest used/total ``ratio`` of ``pod`` in its bucket, with its ``ceiling``.
+
+        ``detail`` is ``KV_CACHE`` or ``GPU_MEMORY``; a KV-cache reading replaces the GPU
+        memory of the same bucket, never the reverse.
+        """
+        ws = self._series(workload)
+        key = (int(time // self.bucket_s), pod)
+        old = ws.pressure.get(key)
+        if old is not None:
+            rank, old_rank = _RANK.get(detail, 0), _RANK.get(old[2], 0)
+            if rank < old_rank or (rank == old_rank and ratio <= old[0]):
+                return
+        self.version += 1
+        ws.pressure[key] = (ratio, ceiling, detail, self.version)
+
+    def drop_before(self, workload: K, time: float) -> None:
+        """Drop ``workload``'s buckets that end at or before ``time`` (and it, when empty)."""
+        ws = self.workloads.get(workload)
+        if ws is None:
+            return
+        first = int(time // self.bucket_s)
+        for index in [i for i in ws.lb if i < first]:
+            del ws.lb[index]
+        for key in [k for k in ws.pressure if k[0] < first]:
+            del ws.pressure[key]
+        if not len(ws):
+            self.forget(workload)
+
+    def forget(self, workload: K) -> None:
+        """Drop every bucket of ``workload``."""
+        self.workloads.pop(workload, None)
+        self._last = None
+
+    def points(
+        self, workload: K, start: float, end: float | None = None, since: int = 0
+    ) -> list[SeriesPoint]:
+        """Return the points of the buckets from the one holding ``start`` to the one holding
+        ``end`` (None: the latest), changed after version ``since``; ordered by metric, label,
+        time."""
+        ws = self.workloads.get(workload)
+        if ws is None:
+            return []
+        bucket_s = self.bucket_s
+        first = int(start // bucket_s)
+        last = int(end // bucket_s) if end is not None else None
+        out: list[SeriesPoint] = []
+        for index, (requests, errors, shed, version) in ws.lb.items():
+            if version > since and index >= first and (last is None or index <= last):
+                t = index * bucket_s
+                out.append(SeriesPoint(t, REQUESTS, "", float(requests)))
+                out.append(SeriesPoint(t, ERRORS_5XX, "", float(errors)))
+                out.append(SeriesPoint(t, SHED_429, "", float(shed)))
+        for (index, pod), (ratio, ceiling, detail, version) in ws.pressure.items():
+            if version > since and index >= first and (last is None or index <= last):
+                t = index * bucket_s
+                out.append(SeriesPoint(t, PRESSURE, pod, ratio, detail))
+                out.append(SeriesPoint(t, CEILING, pod, ceiling, detail))
+        out.sort(key=lambda p: (p.metric, p.label, p.time))
+        return out
