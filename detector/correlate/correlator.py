@@ -46,7 +46,9 @@ class Correlator:
     no signal named for longer than ``window_s`` of event time is forgotten (its per-pod state
     and the resolver's cache entry; a workload of kind ``unknown``, which is one pod, with it),
     unless its workload has an open incident; of the resolved incidents, the last
-    ``RESOLVED_KEPT_PER_WORKLOAD`` per workload keep their view.
+    ``RESOLVED_KEPT_PER_WORKLOAD`` per workload keep their view. The time series for charts
+    (``series``, :mod:`detector.correlate.series`) keep the window's buckets and the spans of
+    open incidents (and, until the next look for idle pods, of the ones just resolved).
     """
 
     def __init__(

@@ -18,6 +18,9 @@ from sqlalchemy import select
 
 from detector import db
 from detector.config import DatabaseSettings, Settings
+from detector.correlate.series import SeriesPoint
+from detector.incidents import service
+from detector.incidents.flows import write_series
 from detector.incidents.models import Incident
 from detector.pipeline import replay
 from detector.report.series import SERIES_BUCKET_S, SeriesOut, load_series
@@ -92,3 +95,54 @@ def test_cascade_series_match_the_access_lines_sqlite(sqlite_url: str) -> None:
 @pytest.mark.postgres
 def test_cascade_series_match_the_access_lines_postgres(postgres_url: str) -> None:
     check_cascade_series(postgres_url)
+
+
+T0 = 1_741_942_800.0
+
+
+def check_upsert(url: str) -> None:
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        with db.session_factory(engine)() as session:
+            incident = service.get_or_create_incident(
+                session=session, key="llm/w@1", namespace="llm", workload="w",
+                workload_kind="Deployment", cluster=None, stage="suspected", opened_at=T0,
+            )  # fmt: skip
+            pod = "w-7d9f8b6c5d-x2k4p"
+            write_series(incident, [
+                SeriesPoint(T0, "requests", "", 10.0),
+                SeriesPoint(T0, "pressure", pod, 0.97, "GPU memory"),
+            ], session=session)  # fmt: skip
+            write_series(incident, [
+                SeriesPoint(T0, "requests", "", 12.0),  # the bucket grew
+                SeriesPoint(T0 + 5, "requests", "", 3.0),  # a new bucket
+                SeriesPoint(T0, "pressure", pod, 0.6, "GPU memory"),  # part of it, re-read
+            ], session=session)  # fmt: skip
+            session.commit()
+            got = [(db.to_timestamp(r.time) - T0, r.metric, r.label, r.value, r.detail)
+                   for r in load_series(session=session, incident_id=incident.id)]  # fmt: skip
+            assert got == [
+                (0.0, "pressure", pod, 0.97, "GPU memory"),
+                (0.0, "requests", "", 12.0, ""),
+                (5.0, "requests", "", 3.0, ""),
+            ]
+            write_series(incident, [SeriesPoint(T0, "pressure", pod, 0.5, "KV cache")],
+                         session=session)  # fmt: skip
+            session.commit()
+            (pressure,) = [
+                r for r in load_series(session=session, incident_id=incident.id)
+                if r.metric == "pressure"
+            ]  # fmt: skip
+            assert (pressure.value, pressure.detail) == (0.5, "KV cache")  # the measure changed
+    finally:
+        engine.dispose()
+
+
+def test_write_series_upserts_growing_values_sqlite(sqlite_url: str) -> None:
+    check_upsert(sqlite_url)
+
+
+@pytest.mark.postgres
+def test_write_series_upserts_growing_values_postgres(postgres_url: str) -> None:
+    check_upsert(postgres_url)
