@@ -23,6 +23,7 @@ from detector.incidents import service
 from detector.report.document import incident_document
 from detector.report.listing import list_incidents
 from detector.report.read import load_incident
+from detector.report.series import SERIES_BUCKET_S, load_series
 from detector.web.deps import require_reader, web
 
 router = APIRouter()
@@ -90,6 +91,7 @@ def incident_view(request: Request, ref: str) -> dict[str, Any]:
             if found is None:
                 raise HTTPException(404, "no such incident")
             inc = found.model_dump(mode="json")
+            series = load_series(session=session, incident_id=found.id)
     except StoreError as exc:
         raise HTTPException(503, "the incident store is unavailable") from exc
     doc = incident_document(inc)
@@ -100,6 +102,8 @@ def incident_view(request: Request, ref: str) -> dict[str, Any]:
         "resolved_at": inc["resolved_at"],
         "victims": inc["victims"],
         "evidence": list(evidence.values()),
+        "series": [r.model_dump(mode="json") for r in series],
+        "series_bucket_s": SERIES_BUCKET_S,
         "timeline": [
             {
                 "id": t["id"],

@@ -17,6 +17,7 @@ from typing import Any
 
 WIDTH, HEIGHT = 960.0, 220.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 28.0
+RATIO = "used / total"
 LB_METRICS = (("requests", "requests/s"), ("errors_5xx", "5xx/s"), ("shed_429", "429/s"))
 
 
@@ -95,7 +96,7 @@ def charts(
     if lb:
         found.append(_chart("Load balancer", "per second", lb, marks, (t0, t1), 1.0))
     if pressure:
-        chart = _chart("Memory / KV-cache pressure", "used / total", pressure, marks, (t0, t1),
+        chart = _chart("Memory / KV-cache pressure", RATIO, pressure, marks, (t0, t1),
                        max(1.0, ceiling))  # fmt: skip
         top = _nice(max([1.0, ceiling, *(v for _, _, pts in pressure for _, v in pts)]))
         chart.rules.append((_y(ceiling, top), f"ceiling {ceiling:.0%}"))
@@ -122,7 +123,11 @@ def _chart(
         xy = " ".join(f"{_x(t, t0, t1):.1f},{_y(v, top):.1f}" for t, v in pts)
         chart.lines.append(Line(label, css, xy, pts[-1][1]))
     chart.markers = [Marker(_x(w.timestamp(), t0, t1), kind, label) for w, kind, label in marks]
-    chart.y_ticks = [(_y(top * k / 4, top), _fmt(top * k / 4)) for k in range(5)]
+    percent = unit == RATIO
+    chart.y_ticks = [
+        (_y(top * k / 4, top), f"{top * k / 4:.0%}" if percent else f"{top * k / 4:g}")
+        for k in range(5)
+    ]
     step = (t1 - t0) / 6
     chart.x_ticks = [
         (_x(t0 + k * step, t0, t1), datetime.fromtimestamp(t0 + k * step, UTC).strftime("%H:%M:%S"))
@@ -148,7 +153,3 @@ def _nice(top: float) -> float:
         if top <= m * scale:
             return m * scale
     return top
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.0%}" if v <= 1.5 and v != int(v) else f"{v:g}"

@@ -39,6 +39,18 @@ templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 # Every value from input is printed with its control and bidi characters shown as escapes,
 # then autoescaped: text, never markup or a control code.
 templates.env.finalize = lambda value: printable(value) if isinstance(value, str) else value
+
+
+def _utc(value: str | datetime | None, date: bool = True) -> str:
+    """Format a time (ISO text or datetime) the one way the pages show times: UTC, seconds."""
+    if not value:
+        return ""
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    when = when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC" if date else "%H:%M:%S")
+
+
+templates.env.filters["utc"] = _utc
 PAGE_SIZE = 200  # timeline entries per page
 STAGES = ("suspected", "cascading", "contained", "resolved")
 CONTROLS = {
@@ -52,6 +64,7 @@ CONTROLS = {
 def _page(request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
     ctx = web(request)
     who = ctx.auth.identity(request)
+    values = {"dry_run": ctx.settings.dry_run} | values
     values |= {"who": who, "csrf": ctx.auth.csrf_token(who) if who else ""}
     return templates.TemplateResponse(request, name, values, status_code=status)
 
@@ -97,17 +110,19 @@ def logout(request: Request, csrf: str = Form("")) -> RedirectResponse:
 
 @router.get("/incidents", response_class=HTMLResponse, response_model=None)
 def incidents(
-    request: Request, stage: str = "", namespace: str = "", since_h: float = 0.0
+    request: Request, stage: str = "", namespace: str = "", since_h: str = ""
 ) -> Response:
-    """List the incidents (open ones first) and the verdicts, with filters."""
+    """List the incidents (open ones first) and the verdicts, with filters (an empty or
+    unreadable ``since_h`` is no time filter)."""
     if (redirect := _reader(request)) is not None:
         return redirect
-    since = datetime.now(UTC) - timedelta(hours=since_h) if since_h > 0 else None
+    hours = _hours(since_h)
+    since = datetime.now(UTC) - timedelta(hours=hours) if hours else None
     with web(request).session() as session:
         rows = list_incidents(session=session, stage=stage or None,
                               namespace=namespace or None, since=since)  # fmt: skip
         verdicts = service.list_verdicts(session=session)[:200]
-    filters = {"stage": stage, "namespace": namespace, "since_h": since_h or ""}
+    filters = {"stage": stage, "namespace": namespace, "since_h": f"{hours:g}" if hours else ""}
     return _page(request, "incidents.html", rows=rows, verdicts=verdicts, filters=filters,
                  stages=STAGES)  # fmt: skip
 
@@ -138,13 +153,18 @@ def incident(
     pages = max(1, -(-len(shown) // PAGE_SIZE))
     page = min(max(page, 1), pages)
     settings = web(request).settings
+    steps = [_step_view(s) for s in view["steps"]]
     values: dict[str, Any] = {
         "inc": view,
         "version": version[:16],
         "charts": charts(
-            view.get("series", []), _markers(view), settings.correlate.kv_cache_ceiling
+            _series(view),
+            _markers(view),
+            settings.correlate.kv_cache_ceiling,
+            view["series_bucket_s"],
         ),
-        "steps": [_step_view(s) for s in view["steps"]],
+        "steps": steps,
+        "waiting": [st for st in steps if st["waiting"]],
         "kinds": kinds,
         "kind": kind,
         "entries": shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
@@ -217,6 +237,14 @@ def dead_letters(request: Request, reason: str = "") -> Response:
     return _page(request, "dead_letters.html", found=found, reason=reason)
 
 
+def _hours(value: str) -> float:
+    try:
+        hours = float(value)
+    except ValueError:
+        return 0.0
+    return hours if 0 < hours < 1e6 else 0.0
+
+
 def _actor(request: Request, csrf: str) -> str:
     """Return the identity acting, on the allow-list, with a valid CSRF token; else 401/403."""
     ctx = web(request)
@@ -244,6 +272,11 @@ def _step_view(step: dict[str, Any]) -> dict[str, Any]:
     radius = [(label, params[key]) for key, label in BLAST_PARAMS if params.get(key) not in
               (None, "", [])]  # fmt: skip
     return step | {"waiting": waiting, "radius": radius, "expired": past_expiry(approval)}
+
+
+def _series(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return the view's series rows with their times as datetimes (for ``charts``)."""
+    return [r | {"time": datetime.fromisoformat(r["time"])} for r in view["series"]]
 
 
 def _markers(view: dict[str, Any]) -> list[tuple[datetime, str, str]]:
