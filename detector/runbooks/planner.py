@@ -262,11 +262,13 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     """Return (crashed pods, healthy pods at the ceiling, basis) in restart order; pure.
 
     Only pods still down or still at the ceiling as the evidence stands now (``pods_now``).
-    Crashed pods (the victims) come first: they serve nothing, so restarting them costs no
-    capacity. Then the healthy pods whose memory pressure reached a ceiling (the correlator
-    marks those signals with ``pressure``): the next victims, restarted under the lowered
-    ceiling. Within each group the most memory headroom first (``memory_headroom``), pods
-    of unknown headroom last, ties in order of failure / first sight.
+    Crashed pods (the victims) come first, in the order they died: they serve nothing, so
+    restarting them costs no capacity, and a restart starts from an empty GPU, so the memory
+    they had before does not matter (the order also stays the same for a process that took
+    over the workload and saw fewer of their readings). Then the healthy pods whose memory
+    pressure reached a ceiling (the correlator marks those signals with ``pressure``): the
+    next victims, restarted under the lowered ceiling, the most memory headroom first
+    (``memory_headroom``), pods of unknown headroom last, ties in order of first sight.
     """
     recovered, cooled = pods_now(ctx.signals)
     victims = [p for p in ctx.victims if p not in recovered]
@@ -275,20 +277,20 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
         for p in dict.fromkeys(s.pod for s in ctx.signals if s.pod and "pressure" in s.attrs)
         if p not in ctx.victims and p not in cooled
     ]
-    headroom = {p: memory_headroom(ctx.signals, p) for p in [*victims, *at_ceiling]}
+    headroom = {p: memory_headroom(ctx.signals, p) for p in at_ceiling}
 
     def ordered(pods: list[str]) -> list[str]:
         rank = {p: i for i, p in enumerate(pods)}
         return sorted(pods, key=lambda p: (headroom[p] is None, -(headroom[p] or 0.0), rank[p]))
 
-    crashed, healthy = ordered(victims), ordered(at_ceiling)
+    crashed, healthy = victims, ordered(at_ceiling)
     shown = ", ".join(
-        f"{p} {'?' if headroom[p] is None else format(headroom[p], '.1%')}"
-        for p in [*crashed, *healthy]
+        f"{p} {'?' if headroom[p] is None else format(headroom[p], '.1%')}" for p in healthy
     )
     basis = (
-        f"{len(crashed)} crashed pod(s) first, then {len(healthy)} healthy pod(s) at the memory "
-        f"ceiling; most memory headroom first: {shown or 'none'}"
+        f"{len(crashed)} crashed pod(s) first, in the order they died, then {len(healthy)} "
+        f"healthy pod(s) at the memory ceiling, the most memory headroom first: "
+        f"{shown or 'none'}"
     )
     return crashed, healthy, basis
 

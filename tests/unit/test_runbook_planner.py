@@ -328,25 +328,23 @@ def oom(dt: float, pod: str, free_gib: float) -> Signal:
 @pytest.mark.parametrize(
     ("signals", "victims", "crashed", "healthy"),
     [
-        # no memory evidence: order of failure
+        # crashed pods in the order they died, whatever memory they had before
         ((), ("a", "b", "c"), ["a", "b", "c"], []),
-        # most headroom first, from the OOM's free bytes
-        ((oom(0, "a", 1), oom(5, "b", 8), oom(9, "c", 4)), ("a", "b", "c"), ["b", "c", "a"], []),
-        # KV-cache usage wins over VRAM (vLLM pre-reserves VRAM), the latest value counts
+        ((oom(0, "a", 1), oom(5, "b", 8), oom(9, "c", 4)), ("a", "b", "c"), ["a", "b", "c"], []),
+        # healthy pods at the ceiling: KV-cache usage wins over VRAM (vLLM pre-reserves
+        # VRAM), the latest value counts, most headroom first
         (
             (
-                vram(0, "a", 10),
-                kv(1, "a", 0.99),
-                vram(0, "b", 79),
+                vram(0, "a", 10, pressure="GPU memory"),
+                sig(K.ENGINE_PRESSURE, 1, "a", kv_cache_usage=0.99, pressure="KV cache"),
+                vram(0, "b", 79, pressure="GPU memory"),
                 kv(1, "b", 0.5),
-                kv(2, "b", 0.7),
+                sig(K.ENGINE_PRESSURE, 2, "b", kv_cache_usage=0.7, pressure="KV cache"),
             ),
-            ("a", "b"),
+            ("z",),
+            ["z"],
             ["b", "a"],
-            [],
         ),
-        # unknown headroom goes last within its group
-        ((oom(0, "b", 2),), ("a", "b"), ["b", "a"], []),
         # healthy pods at a ceiling (marked "pressure") come after the crashed ones;
         # healthy pods with headroom are left alone
         (
