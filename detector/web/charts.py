@@ -70,7 +70,8 @@ def charts(
 
     ``series``: rows with ``time`` (datetime), ``metric``, ``label``, ``value``, ``detail``;
     LB metrics are counts per ``bucket_s`` bucket (drawn as rates per second), ``pressure``
-    is a ratio. ``markers``: (time, kind, label). ``ceiling``: the pressure ceiling ratio.
+    is a ratio and ``ceiling`` the ratio it was judged against (drawn as rules). ``markers``:
+    (time, kind, label). ``ceiling``: the configured ceiling, drawn when no series has one.
     """
     marks = list(markers)
     times = [r["time"] for r in series] + [m[0] for m in marks]
@@ -99,7 +100,11 @@ def charts(
         chart = _chart("Memory / KV-cache pressure", RATIO, pressure, marks, (t0, t1),
                        max(1.0, ceiling))  # fmt: skip
         top = _nice(max([1.0, ceiling, *(v for _, _, pts in pressure for _, v in pts)]))
-        chart.rules.append((_y(ceiling, top), f"ceiling {ceiling:.0%}"))
+        # the ceilings the readings were judged against (a pre-reserving engine's reservation
+        # plus margin, per pod), else the configured one
+        judged = sorted({round(r["value"], 3) for r in series if r["metric"] == "ceiling"})
+        for value in judged or [ceiling]:
+            chart.rules.append((_y(value, top), f"ceiling {value:.0%}"))
         found.append(chart)
     return found
 

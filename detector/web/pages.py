@@ -165,6 +165,7 @@ def incident(
         ),
         "steps": steps,
         "waiting": [st for st in steps if st["waiting"]],
+        "detected": _detected(view),
         "kinds": kinds,
         "kind": kind,
         "entries": shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
@@ -272,6 +273,18 @@ def _step_view(step: dict[str, Any]) -> dict[str, Any]:
     radius = [(label, params[key]) for key, label in BLAST_PARAMS if params.get(key) not in
               (None, "", [])]  # fmt: skip
     return step | {"waiting": waiting, "radius": radius, "expired": past_expiry(approval)}
+
+
+def _detected(view: dict[str, Any]) -> str:
+    """Return how long after the first GPU OOM the incident reached ``cascading`` ("" if not)."""
+    victims = sorted(view["victims"], key=lambda v: v["position"])
+    cascading = [t for t in view["timeline"] if t["kind"] == "stage" and "cascading" in
+                 t["message"].split(":", 1)[0]]  # fmt: skip
+    if not victims or not cascading:
+        return ""
+    first = datetime.fromisoformat(victims[0]["first_oom_at"])
+    seconds = (datetime.fromisoformat(cascading[0]["time"]) - first).total_seconds()
+    return f"cascading detected {seconds:.0f} s after the first GPU OOM"
 
 
 def _series(view: dict[str, Any]) -> list[dict[str, Any]]:

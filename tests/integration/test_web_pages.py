@@ -24,7 +24,7 @@ from detector.config import ContainmentSettings, DatabaseSettings, Settings, Web
 from detector.incidents import service
 from detector.incidents.models import Incident
 from detector.pipeline import replay
-from detector.runbooks.models import StepApproval
+from detector.runbooks.models import ControlChange, StepApproval
 
 TOKEN = "alice-token-0123456789abcdef"
 HOSTILE = "<script>alert(1)</script> <img src=x onerror=alert(2)>"
@@ -152,3 +152,28 @@ def test_a_page_with_ten_thousand_timeline_entries_is_paged(tmp_path: Path) -> N
         assert re.search(r"page 1 of (\d+)", page.text)[1] == "51"  # type: ignore[index]
         last = web.get(f"/incidents/{incident_id}?page=51").text
         assert "note 9999" in last
+
+
+def test_the_kill_switch_and_arming_from_the_page_keep_their_history(
+    store: tuple[str, int],
+) -> None:
+    url, _ = store
+    with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
+        web.post("/login", data={"token": TOKEN})
+        confirm = web.get("/controls/kill-switch-on").text
+        assert "Every actuator call, of every workload, is held" in confirm
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', confirm)
+        assert csrf
+        assert web.post("/controls/kill-switch-on", data={"csrf": "x"}).status_code == 403
+        done = web.post("/controls/kill-switch-on", data={"csrf": csrf[1], "reason": "drill"})
+        assert done.status_code == 303
+        unknown = web.post("/controls/arm", data={"csrf": csrf[1], "workload": "llm/nope"})
+        assert unknown.status_code == 404  # a workload the store has never seen
+        armed = web.post("/controls/arm", data={"csrf": csrf[1], "workload": "llm/vllm-llama"})
+        assert armed.status_code == 303
+    engine = db.make_engine(url)
+    with db.session_factory(engine)() as session:
+        changes = [(c.name, c.enabled, c.changed_by, c.via) for c in
+                   session.scalars(select(ControlChange).order_by(ControlChange.id))]  # fmt: skip
+    engine.dispose()
+    assert changes[-2:] == [("kill_switch", True, "alice", "web"), ("armed", True, "alice", "web")]
