@@ -25,6 +25,7 @@ from fastapi.templating import Jinja2Templates
 from detector.errors import StoreError
 from detector.incidents import service
 from detector.notify.slack.blocks import BLAST_PARAMS
+from detector.report.dead_letters import load_dead_letters
 from detector.report.document import past_expiry
 from detector.report.listing import list_incidents
 from detector.runbooks.flows import DecisionKind, DecisionRequest
@@ -127,9 +128,15 @@ def incidents(
                  stages=STAGES)  # fmt: skip
 
 
-@router.get("/incidents/{ref:path}/steps/{position}/{action}", response_class=HTMLResponse)
-def confirm_step(request: Request, ref: str, position: int, action: str) -> HTMLResponse:
+@router.get(
+    "/incidents/{ref:path}/steps/{position}/{action}",
+    response_class=HTMLResponse,
+    response_model=None,
+)
+def confirm_step(request: Request, ref: str, position: int, action: str) -> Response:
     """Show what approving or denying the step does, with the form that does it."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
     if action not in ("approve", "deny"):
         raise HTTPException(404, "no such action")
     view = incident_view(request, ref)
@@ -198,9 +205,11 @@ def decide_step(
     return RedirectResponse(f"/incidents/{quote(ref)}", status_code=303)
 
 
-@router.get("/controls/{action}", response_class=HTMLResponse)
-def confirm_control(request: Request, action: str, workload: str = "") -> HTMLResponse:
+@router.get("/controls/{action}", response_class=HTMLResponse, response_model=None)
+def confirm_control(request: Request, action: str, workload: str = "") -> Response:
     """Show what arming, disarming or the kill switch does, with the form that does it."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
     if action not in CONTROLS:
         raise HTTPException(404, "no such control")
     return _page(request, "confirm_control.html", action=action, workload=workload)
@@ -219,6 +228,8 @@ def control(
     if kind is None:
         raise HTTPException(404, "no such control")
     who = _actor(request, csrf)
+    if who not in web(request).settings.containment.approvers:
+        raise HTTPException(403, f"{who!r} is not on the approver allow-list")
     decide(request, DecisionRequest(kind, "web", who, reason, workload=workload))
     return RedirectResponse("/incidents", status_code=303)
 
@@ -228,8 +239,6 @@ def dead_letters(request: Request, reason: str = "") -> Response:
     """List the rejected records by reason, with their raw bytes shown as text."""
     if (redirect := _reader(request)) is not None:
         return redirect
-    from detector.report.dead_letters import load_dead_letters
-
     try:
         with web(request).session() as session:
             found = load_dead_letters(session=session, reason=reason or None, limit=200)

@@ -27,6 +27,7 @@ from detector.pipeline import replay
 from detector.runbooks.models import ControlChange, StepApproval
 
 TOKEN = "alice-token-0123456789abcdef"
+EVE = "eve-token-0123456789abcdef00"  # a token owner who is not an approver
 HOSTILE = "<script>alert(1)</script> <img src=x onerror=alert(2)>"
 
 
@@ -34,7 +35,7 @@ def _settings(url: str, **web: Any) -> Settings:
     return Settings(
         database=DatabaseSettings(url=url),
         containment=ContainmentSettings(approvers=["alice", "bob@example.com"]),
-        web=WebSettings(tokens={"alice": TOKEN}, **web),  # type: ignore[dict-item]
+        web=WebSettings(tokens={"alice": TOKEN, "eve": EVE}, **web),  # type: ignore[dict-item]
     )
 
 
@@ -158,6 +159,13 @@ def test_the_kill_switch_and_arming_from_the_page_keep_their_history(
     store: tuple[str, int],
 ) -> None:
     url, _ = store
+    with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
+        web.post("/login", data={"token": EVE})
+        page = web.get("/controls/kill-switch-on").text
+        eve_csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert eve_csrf
+        refused = web.post("/controls/kill-switch-on", data={"csrf": eve_csrf[1]})
+        assert refused.status_code == 403  # logged in, but not an approver
     with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
         web.post("/login", data={"token": TOKEN})
         confirm = web.get("/controls/kill-switch-on").text
