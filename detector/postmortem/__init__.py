@@ -1,0 +1,1 @@
+"""The postmortem export: analysis (pandas), plots (matplotlib), rendering (Jinja2)."""
