@@ -24,6 +24,7 @@ from detector.cli.approvals import (
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
 from detector.cli.gpu import gpu_sample_cmd
+from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
 from detector.cli.settings import cli_settings as _settings
 from detector.cli.show import dead_letters_cmd, show_cmd
@@ -55,6 +56,7 @@ app.command("arm")(arm_cmd)
 app.command("disarm")(disarm_cmd)
 app.command("kill-switch")(kill_switch_cmd)
 app.command("serve")(serve_cmd)
+app.command("postmortem")(postmortem_cmd)
 
 
 @app.command("replay")

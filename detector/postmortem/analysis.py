@@ -1,0 +1,669 @@
+"""The postmortem's analysis: pure functions over pandas frames built from the read model.
+
+``frames(incident, series)`` turns an ``IncidentOut`` JSON dump and its series rows
+(``detector.report.series.load_series``) into frames; ``analyse`` returns the postmortem's
+content as plain JSON values (no clock, stable order, rounded floats), which ``render`` writes
+as Markdown, HTML or JSON. Definitions (the load balancer's 5 s buckets, ``bucket_s``):
+
+- **degraded**: a bucket whose 5xx share of requests is above the correlator's
+  ``error_ratio`` (``settings.correlate``); **down**: a bucket with requests of which none was
+  served (every response a 5xx or a 429). Times are whole buckets.
+- **failed** / **shed**: the sums of the 5xx and 429 counts over the incident's series (its
+  span: the correlation window before the first OOM, to its end); **peak 5xx rate**: the
+  highest bucket's 5xx count / ``bucket_s``.
+- **time to recover**: first GPU OOM -> the first ``contained`` (else ``resolved``) stage.
+- **measured effect** of a step: the 5xx rate, the GPU OOMs and the highest pressure in the
+  ``window_s`` before its apply time (buckets that end by then) and after it (buckets that
+  start from then); the 5xx rate fell or rose when it changed by half or more and by at least
+  one response per bucket, else "no measurable effect".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+from detector.correlate.series import CEILING, ERRORS_5XX, KV_CACHE, PRESSURE, REQUESTS, SHED_429
+
+LB_METRICS = (REQUESTS, ERRORS_5XX, SHED_429)
+EFFECT_WINDOW_S = 60.0  # seconds before and after a step's apply that its effect compares
+KEY_STEP_EVENTS = frozenset(
+    {"auto_approved", "approved", "denied", "expired", "applied", "restarted", "verified",
+     "escalated", "rolled_back", "lifted", "removed", "withdrawn", "approval_requested"}
+)  # fmt: skip
+APPROVALS = ("auto_approved", "approved")
+
+
+@dataclass(frozen=True)
+class Frames:
+    """An incident as frames; times are UTC ``Timestamp``s, rows in time order.
+
+    ``lb``: index bucket start, columns requests, errors_5xx, shed_429 (responses per bucket,
+    zero where the span has no line); ``pressure``: time, pod, value, ceiling, detail;
+    ``evidence``: id, kind, pod, time, summary, source, attrs; ``timeline``: id, time, kind,
+    message, detail; ``victims``: position, pod, first_oom_at.
+    """
+
+    lb: pd.DataFrame
+    pressure: pd.DataFrame
+    evidence: pd.DataFrame
+    timeline: pd.DataFrame
+    victims: pd.DataFrame
+    bucket_s: float
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The figures the analysis judges by: the correlator's, and the effect window."""
+
+    error_ratio: float = 0.1
+    kv_cache_ceiling: float = 0.95
+    window_s: float = EFFECT_WINDOW_S
+
+
+def _times(values: Sequence[Any]) -> pd.Series:
+    return pd.to_datetime(pd.Series(list(values), dtype=object), utc=True, format="ISO8601")
+
+
+def _frame(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    df = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=list(columns))
+    for col in ("time", "first_oom_at"):
+        if col in df.columns:
+            df[col] = _times(df[col]) if len(df) else pd.Series([], dtype="datetime64[us, UTC]")
+    return df
+
+
+def frames(incident: Mapping[str, Any], series: pd.DataFrame, bucket_s: float) -> Frames:
+    """Build the frames of ``incident`` (an ``IncidentOut`` JSON dump) and its ``series``.
+
+    ``series`` has the columns of ``SeriesOut``: time (UTC), metric, label, value, detail.
+    """
+    s = series.copy()
+    s["time"] = pd.to_datetime(s["time"], utc=True) if len(s) else s.get("time")
+    lb_rows = s[s["metric"].isin(LB_METRICS)] if len(s) else s
+    if len(lb_rows):
+        lb = lb_rows.pivot_table(index="time", columns="metric", values="value", aggfunc="sum")
+        step = pd.Timedelta(seconds=bucket_s)
+        lb = lb.reindex(pd.date_range(lb.index.min(), lb.index.max(), freq=step), fill_value=0)
+    else:
+        lb = pd.DataFrame(index=pd.DatetimeIndex([], tz="UTC"))
+    lb = lb.reindex(columns=list(LB_METRICS), fill_value=0.0).fillna(0.0)
+    pressure = pd.DataFrame(columns=["time", "pod", "value", "ceiling", "detail"])
+    if len(s):
+        p = s[s["metric"] == PRESSURE][["time", "label", "value", "detail"]]
+        c = s[s["metric"] == CEILING][["time", "label", "value", "detail"]]
+        merged = p.merge(c, on=["time", "label", "detail"], how="left", suffixes=("", "_c"))
+        pressure = merged.rename(columns={"label": "pod", "value_c": "ceiling"})[
+            ["time", "pod", "value", "ceiling", "detail"]
+        ].sort_values(["time", "pod"], kind="stable", ignore_index=True)
+    ev_cols = ("id", "kind", "pod", "time", "summary", "source", "attrs")
+    evidence = _frame(incident.get("evidence", []), ev_cols)
+    evidence = evidence.sort_values(["time", "id"], kind="stable", ignore_index=True)
+    timeline = _frame(incident.get("timeline", []), ("id", "time", "kind", "message", "detail"))
+    timeline = timeline.sort_values(["time", "id"], kind="stable", ignore_index=True)
+    victims = _frame(incident.get("victims", []), ("position", "pod", "first_oom_at"))
+    victims = victims.sort_values("position", kind="stable", ignore_index=True)
+    return Frames(lb, pressure, evidence, timeline, victims, bucket_s)
+
+
+# --- formatting helpers (the one way numbers and times are written) -----------------------
+
+
+def iso(ts: pd.Timestamp | datetime | None) -> str | None:
+    """Return ``ts`` as ISO 8601 UTC ending in ``Z`` (microseconds only when not zero)."""
+    if ts is None or (isinstance(ts, float) and math.isnan(ts)) or pd.isna(ts):
+        return None
+    t = pd.Timestamp(ts).tz_convert("UTC")
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if t.microsecond else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def hms(ts: pd.Timestamp | datetime) -> str:
+    """Return ``ts`` as ``HH:MM:SS`` UTC."""
+    return pd.Timestamp(ts).tz_convert("UTC").strftime("%H:%M:%S")
+
+
+def num(value: float, digits: int = 2) -> float:
+    """Return ``value`` rounded to ``digits`` (a JSON-stable float; -0.0 becomes 0.0)."""
+    return round(float(value), digits) + 0.0
+
+
+def _secs(a: pd.Timestamp, b: pd.Timestamp) -> float:
+    return num((b - a).total_seconds(), 3)
+
+
+def duration(seconds: float) -> str:
+    """Return ``seconds`` as ``3 min 23 s`` (whole seconds) or ``45 s``."""
+    total = round(seconds)
+    minutes, rest = divmod(total, 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def first_oom(f: Frames) -> pd.Timestamp | None:
+    """Return the first victim's first GPU OOM time, None without victims."""
+    return f.victims["first_oom_at"].iloc[0] if len(f.victims) else None
+
+
+def stage_times(f: Frames) -> dict[str, pd.Timestamp]:
+    """Return the time each stage was first entered (from the ``stage`` timeline entries)."""
+    out: dict[str, pd.Timestamp] = {}
+    for row in f.timeline[f.timeline["kind"] == "stage"].itertuples():
+        head = str(row.message).split(":", 1)[0]
+        stage = head.rsplit("->", 1)[-1].strip()
+        out.setdefault(stage, row.time)
+    return out
+
+
+def _step_entries(f: Frames) -> pd.DataFrame:
+    t = f.timeline[f.timeline["kind"] == "step"].copy()
+    t["event"] = [(d or {}).get("event") for d in t["detail"]]
+    t["position"] = [(d or {}).get("position") for d in t["detail"]]
+    return t[t["event"].notna()]
+
+
+def impact(f: Frames, th: Thresholds, resolved_at: pd.Timestamp | None = None) -> dict[str, Any]:
+    """Return the impact: degraded and down time, failed and shed requests, peak, recovery."""
+    lb, b = f.lb, f.bucket_s
+    share = (lb[ERRORS_5XX] / lb[REQUESTS]).where(lb[REQUESTS] > 0, 0.0)
+    degraded = share > th.error_ratio
+    down = (lb[REQUESTS] > 0) & (lb[REQUESTS] - lb[ERRORS_5XX] - lb[SHED_429] <= 0)
+    peak_at = lb[ERRORS_5XX].idxmax() if len(lb) and lb[ERRORS_5XX].max() > 0 else None
+    start = first_oom(f)
+    stages = stage_times(f)
+    recovered_stage = "contained" if "contained" in stages else "resolved"
+    recovered = stages.get("contained", stages.get("resolved", resolved_at))
+    return {
+        "span": {
+            "start": iso(lb.index.min()) if len(lb) else None,
+            "end": iso(lb.index.max() + pd.Timedelta(seconds=b)) if len(lb) else None,
+        },
+        "requests": int(lb[REQUESTS].sum()),
+        "failed_5xx": int(lb[ERRORS_5XX].sum()),
+        "shed_429": int(lb[SHED_429].sum()),
+        "degraded_s": num(int(degraded.sum()) * b, 1),
+        "degraded_from": iso(degraded[degraded].index.min()) if degraded.any() else None,
+        "down_s": num(int(down.sum()) * b, 1),
+        "down_from": iso(down[down].index.min()) if down.any() else None,
+        "peak_5xx_rate_per_s": num(lb[ERRORS_5XX].max() / b if len(lb) else 0.0),
+        "peak_at": iso(peak_at),
+        "pods_lost": len(f.victims),
+        "recovered_at": iso(recovered),
+        "recovered_stage": recovered_stage if recovered is not None else None,
+        "time_to_recover_s": _secs(start, recovered) if start is not None and recovered else None,
+        "error_ratio_threshold": th.error_ratio,
+        "bucket_s": b,
+    }
+
+
+def detection(f: Frames) -> list[dict[str, Any]]:
+    """Return first OOM -> suspected -> cascading -> notification -> action -> approval.
+
+    Each milestone has its time (None when it did not happen or is not in the timeline),
+    ``delay_s`` from the first OOM and ``since_previous_s`` from the milestone before it.
+    """
+    stages, steps = stage_times(f), _step_entries(f)
+    actions = steps[steps["event"].isin(("applied", "restarted"))]
+    approvals = steps[steps["event"].isin(APPROVALS)]
+    notes = f.timeline[f.timeline["kind"] == "notification"]
+    found: list[tuple[str, pd.Timestamp | None, str]] = [
+        ("first GPU OOM", first_oom(f), "the first victim's OOM"),
+        ("suspected", stages.get("suspected"), "stage entry"),
+        ("cascading", stages.get("cascading"), "stage entry"),
+        (
+            "first notification",
+            notes["time"].iloc[0] if len(notes) else None,
+            "not in the timeline: Slack sends are kept in the outbox",
+        ),
+        ("first action", actions["time"].iloc[0] if len(actions) else None, "step applied"),
+        ("first approval", approvals["time"].iloc[0] if len(approvals) else None, "step approved"),
+    ]
+    start, prev, out = found[0][1], None, []
+    for name, when, note in found:
+        out.append(
+            {
+                "milestone": name,
+                "time": iso(when),
+                "delay_s": _secs(start, when) if start is not None and when is not None else None,
+                "since_previous_s": _secs(prev, when) if prev is not None and when is not None
+                else None,
+                "note": note if when is None or name == "first GPU OOM" else "",
+            }
+        )  # fmt: skip
+        prev = when if when is not None else prev
+    return out
+
+
+def _rate(lb: pd.DataFrame, col: str, start: pd.Timestamp, end: pd.Timestamp, b: float) -> float:
+    """Return ``col`` per second over the buckets starting in [start, end)."""
+    rows = lb[(lb.index >= start) & (lb.index < end)]
+    return float(rows[col].sum()) / (len(rows) * b) if len(rows) else 0.0
+
+
+def windows(at: pd.Timestamp, w: float, b: float) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """Return the start of the before-window and of the after-window of ``at`` (each ``w`` s).
+
+    Before: the buckets that end by ``at``'s bucket; after: those that start at or after
+    ``at`` (the bucket holding ``at``, when it starts before ``at``, is in neither).
+    """
+    step = pd.Timedelta(seconds=b)
+    return at.floor(step) - pd.Timedelta(seconds=w), at.ceil(step)
+
+
+def _ooms(f: Frames) -> pd.Series:
+    return f.evidence[f.evidence["kind"] == "gpu_oom"]["time"]
+
+
+def measure(f: Frames, at: pd.Timestamp, th: Thresholds) -> dict[str, Any]:
+    """Return the 5xx rate, GPU OOMs and highest pressure in the window before/after ``at``."""
+    w, b = th.window_s, f.bucket_s
+    before_start, after_start = windows(at, w, b)
+    before_end = before_start + pd.Timedelta(seconds=w)
+    after_end = after_start + pd.Timedelta(seconds=w)
+    ooms = _ooms(f)
+    p = f.pressure
+    pb = p[(p["time"] >= before_start) & (p["time"] < before_end)]["value"]
+    pa = p[(p["time"] >= after_start) & (p["time"] < after_end)]["value"]
+    return {
+        "window_s": w,
+        "rate_5xx_before_per_s": num(_rate(f.lb, ERRORS_5XX, before_start, before_end, b)),
+        "rate_5xx_after_per_s": num(_rate(f.lb, ERRORS_5XX, after_start, after_end, b)),
+        "ooms_before": int(((ooms >= at - pd.Timedelta(seconds=w)) & (ooms < at)).sum()),
+        "ooms_after": int(((ooms > at) & (ooms <= at + pd.Timedelta(seconds=w))).sum()),
+        "max_pressure_before": num(pb.max(), 3) if len(pb) else None,
+        "max_pressure_after": num(pa.max(), 3) if len(pa) else None,
+        "settled_s": _settled(f, after_start, after_end, at),
+    }
+
+
+def _settled(f: Frames, start: pd.Timestamp, end: pd.Timestamp, at: pd.Timestamp) -> float:
+    """Return seconds from ``at`` to the end of the bucket from which the 5xx count stays at
+    or below the after-window's mean (the window's length when it never does)."""
+    rows = f.lb[(f.lb.index >= start) & (f.lb.index < end)][ERRORS_5XX]
+    if not len(rows):
+        return num((end - at).total_seconds(), 1)
+    above = rows > rows.mean()
+    last = above[above].index.max() if above.any() else rows.index.min()
+    return num((last + pd.Timedelta(seconds=f.bucket_s) - at).total_seconds(), 1)
+
+
+def effect_sentence(name: str, at: pd.Timestamp, m: Mapping[str, Any], dry_run: bool) -> str:
+    """Say plainly what changed around ``at`` (the rule is in the module docstring)."""
+    a, z, w = m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"], m["window_s"]
+    floor = 1.0 / 5.0  # one response per 5 s bucket
+    when = hms(at)
+    if z <= a / 2 and a - z >= floor:
+        trend = f"the 5xx rate fell from {a:.1f}/s to {z:.1f}/s within {m['settled_s']:.0f} s"
+    elif z >= a * 1.5 and z - a >= floor:
+        trend = f"the 5xx rate rose from {a:.1f}/s to {z:.1f}/s"
+    else:
+        trend = ""
+    ooms = f"GPU OOMs {m['ooms_before']} before, {m['ooms_after']} after (±{w:.0f} s)"
+    if dry_run:
+        seen = trend or f"the 5xx rate went from {a:.1f}/s to {z:.1f}/s"
+        return (
+            f"dry-run: {name} changed nothing at {when}, so what followed is not its effect "
+            f"({seen}; {ooms})"
+        )
+    if not trend:
+        went = f"the 5xx rate went from {a:.1f}/s to {z:.1f}/s"
+        return f"no measurable effect: after {name} at {when} {went} ({ooms})"
+    return f"after {name} at {when} {trend} ({ooms})"
+
+
+GIB = 2**30
+
+
+def _evidence(f: Frames, kind: str, pod: str | None = None) -> pd.DataFrame:
+    ev = f.evidence[f.evidence["kind"] == kind]
+    return ev[ev["pod"] == pod] if pod is not None else ev
+
+
+def _attr(row: Any, key: str) -> Any:
+    return (row.attrs or {}).get(key)
+
+
+def _latest_config(f: Frames, key: str, pod: str | None = None) -> Any:
+    """Return the latest engine_config evidence value of ``key`` (of ``pod``), else None."""
+    rows = _evidence(f, "engine_config", pod)
+    values = [v for v in (_attr(r, key) for r in rows.itertuples()) if v is not None]
+    return values[-1] if values else None
+
+
+def _oom_text(row: Any) -> str:
+    a = row.attrs or {}
+    figures = []
+    if a.get("bytes_tried") is not None:
+        figures.append(f"tried to allocate {a['bytes_tried'] / GIB:.2f} GiB")
+    if a.get("free_bytes") is not None:
+        free = f"{a['free_bytes'] / GIB:.2f} GiB free"
+        if a.get("capacity_bytes") is not None:
+            free += f" of {a['capacity_bytes'] / GIB:.2f} GiB"
+        figures.append(free)
+    said = "; ".join(figures) if figures else "no allocation figures in the line"
+    return f"pod {row.pod} died of GPU OOM at {hms(row.time)}: {said}"
+
+
+def _link(kind: str, when: pd.Timestamp | None, text: str, source: Any) -> dict[str, Any]:
+    return {"link": kind, "time": iso(when), "text": text, "source": source}
+
+
+def causal_chain(f: Frames, th: Thresholds) -> list[dict[str, Any]]:
+    """Return the chain: first OOM, the batch before it, the traffic shift, pressure, deaths."""
+    if not len(f.victims):
+        return []
+    ooms = _evidence(f, "gpu_oom")
+    first = f.victims.iloc[0]
+    t0 = first["first_oom_at"]
+    out: list[dict[str, Any]] = []
+    own = ooms[ooms["pod"] == first["pod"]]
+    if len(own):
+        row = next(own.itertuples())
+        out.append(_link("first OOM", row.time, _oom_text(row), row.source))
+    out += _batch_before(f, first["pod"], t0)
+    out.append(_traffic_shift(f, t0, th))
+    climbs = _pressure_climb(f, t0, th)  # by pod: its pressure link goes before its death
+    prev = t0
+    for v in f.victims.iloc[1:].itertuples():
+        out += climbs.pop(v.pod, [])
+        own = ooms[ooms["pod"] == v.pod]
+        src = own["source"].iloc[0] if len(own) else None
+        text = _oom_text(next(own.itertuples())) if len(own) else f"pod {v.pod} died of GPU OOM"
+        gap = (v.first_oom_at - prev).total_seconds()
+        out.append(_link(f"death #{v.position}", v.first_oom_at, f"{text} ({gap:.0f} s after "
+                         "the previous death)", src))  # fmt: skip
+        prev = v.first_oom_at
+    for pod in sorted(climbs):
+        out += climbs[pod]
+    return out
+
+
+def _batch_before(f: Frames, pod: str, t0: pd.Timestamp) -> list[dict[str, Any]]:
+    rows = _evidence(f, "gpu_memory", pod)
+    rows = rows[(rows["time"] <= t0)]
+    rows = rows[[_attr(r, "requests_running") is not None for r in rows.itertuples()]]
+    if not len(rows):
+        return []
+    row = list(rows.itertuples())[-1]
+    a = row.attrs
+    kv = a.get("kv_cache_usage")
+    text = (
+        f"just before, at {hms(row.time)}, pod {pod} was running {a['requests_running']} "
+        f"requests with {a.get('requests_waiting', 0)} waiting"
+        + (f", KV cache {kv:.0%} used" if isinstance(kv, int | float) else "")
+    )
+    max_len = _latest_config(f, "max_model_len", pod)
+    seqs = _latest_config(f, "max_num_seqs", pod)
+    if max_len is not None:
+        text += f"; sequences up to max_model_len {max_len:,} tokens"
+    if seqs is not None:
+        text += f", batch ceiling max_num_seqs {seqs}"
+    return [_link("batch before", row.time, text, row.source)]
+
+
+def _pods(f: Frames) -> list[str]:
+    return sorted(set(f.victims["pod"]) | set(f.pressure["pod"]))
+
+
+def _traffic_shift(f: Frames, t0: pd.Timestamp, th: Thresholds) -> dict[str, Any]:
+    w, b = th.window_s, f.bucket_s
+    before, after = windows(t0, w, b)
+    end = after + pd.Timedelta(seconds=w)
+    r0 = _rate(f.lb, REQUESTS, before, before + pd.Timedelta(seconds=w), b)
+    r1 = _rate(f.lb, REQUESTS, after, end, b)
+    n = len(_pods(f))
+    text = f"request rate {r0:.2f}/s in the {w:.0f} s before the first death, {r1:.2f}/s after"
+    if n > 1:
+        text += (
+            f"; per serving pod (even balancing) {r0 / n:.2f}/s over {n} pods → "
+            f"{r1 / (n - 1):.2f}/s over the {n - 1} survivors"
+        )
+    lb = _evidence(f, "lb_errors")
+    src = lb["source"].iloc[0] if len(lb) else "series: requests at the load balancer"
+    return _link("traffic shift", t0, text, src) | {
+        "rate_before_per_s": num(r0),
+        "rate_after_per_s": num(r1),
+    }
+
+
+def _pressure_climb(f: Frames, t0: pd.Timestamp, th: Thresholds) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    deaths = dict(zip(f.victims["pod"], f.victims["first_oom_at"], strict=True))
+    first_pod = f.victims["pod"].iloc[0]
+    before = t0 - pd.Timedelta(seconds=th.window_s)
+    for pod in _pods(f):
+        if pod == first_pod:
+            continue
+        p = f.pressure[f.pressure["pod"] == pod]
+        until = deaths.get(pod, t0 + pd.Timedelta(seconds=th.window_s))
+        pb = p[(p["time"] >= before) & (p["time"] < t0)]["value"]
+        pa = p[(p["time"] >= t0) & (p["time"] <= until)]
+        if not len(pa):
+            continue
+        peak = pa.loc[pa["value"].idxmax()]
+        ev = _evidence(f, "gpu_memory", pod)
+        ev = ev[ev["time"] >= t0]
+        src = ev["source"].iloc[0] if len(ev) else f"series: pressure of {pod}"
+        start = f"{pb.max():.0%}" if len(pb) else "no reading"
+        end = "before it died" if pod in deaths else f"in the {th.window_s:.0f} s after"
+        text = f"pod {pod} {peak['detail']} {start} → {peak['value']:.0%} at "
+        text += f"{hms(peak['time'])} {end}"
+        out[pod] = [_link("pressure on a survivor", peak["time"], text, src)]
+    return out
+
+
+def steps(f: Frames, document: Mapping[str, Any], th: Thresholds) -> list[dict[str, Any]]:
+    """Return each runbook step with its diff, approval and measured effect."""
+    entries = _step_entries(f)
+    out = []
+    for s in document.get("steps", []):
+        mine = entries[entries["position"] == s["position"]]
+        applied = mine[mine["event"].isin(("applied", "restarted"))]
+        approval = s.get("approval_state") or {}
+        at = applied["time"].iloc[0] if len(applied) else None
+        mode = s.get("mode") or (applied["detail"].iloc[0].get("mode") if len(applied) else None)
+        entry: dict[str, Any] = {
+            "position": s["position"],
+            "action": s["action"],
+            "title": s["title"],
+            "state": s.get("state"),
+            "mode": mode,
+            "diff": s.get("diff") or "",
+            "approval": {
+                "status": approval.get("status"),
+                "by": approval.get("decided_by"),
+                "via": approval.get("via"),
+                "at": approval.get("decided_at"),
+            },
+            "applied_at": iso(at),
+            "verification": (s.get("verification") or {}).get("result"),
+        }
+        if at is None:
+            why = s.get("reason") or f"state {s.get('state')}"
+            entry |= {"measured": None, "effect": f"never applied: {why}"}
+        else:
+            m = measure(f, at, th)
+            name = f"step {s['position']} ({s['action']})"
+            entry |= {"measured": m, "effect": effect_sentence(name, at, m, mode == "dry_run")}
+        out.append(entry)
+    return out
+
+
+def _step_params(document: Mapping[str, Any], action: str) -> dict[str, Any] | None:
+    found = [s for s in document.get("steps", []) if s["action"] == action]
+    return dict(found[0]["params"]) if found else None
+
+
+def baseline_pressure(f: Frames, before: pd.Timestamp | None) -> float | None:
+    """Return the 95th percentile of KV-cache pressure in the buckets before ``before``."""
+    p = f.pressure[f.pressure["detail"] == KV_CACHE]
+    if before is not None:
+        p = p[p["time"] < before]
+    return num(p["value"].quantile(0.95), 3) if len(p) else None
+
+
+def action_items(
+    f: Frames, document: Mapping[str, Any], th: Thresholds, impact_: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Return the runbook's remediation and prevention made concrete with this incident's
+    numbers, each with ``owner: TBD``."""
+    out: list[dict[str, Any]] = []
+    workload = document.get("workload", "")
+    ceiling = _step_params(document, "lower_batch_ceiling")
+    max_len = _latest_config(f, "max_model_len")
+    kv_tokens = _latest_config(f, "kv_cache_tokens")
+    new_seqs: int | None = None
+    if ceiling and ceiling.get("new_ceiling") is not None:
+        new_seqs = int(ceiling["new_ceiling"])
+        out.append(_item(
+            f"Lower the batch ceiling of {workload}: {ceiling.get('ceiling_param')} "
+            f"{ceiling.get('current_ceiling')} → {new_seqs}",
+            f"set `{ceiling.get('settings')}`; {ceiling.get('basis')}",
+            "runbook step lower_batch_ceiling",
+        ))  # fmt: skip
+    elif max_len and kv_tokens:
+        new_seqs = max(1, int(kv_tokens) // int(max_len))
+        out.append(_item(
+            f"Lower the batch ceiling of {workload} to {new_seqs} sequences",
+            f"KV cache {int(kv_tokens):,} tokens / max_model_len {int(max_len):,}",
+            "engine start-up lines",
+        ))  # fmt: skip
+    if max_len:
+        detail = f"reject requests whose prompt + max_tokens exceed {int(max_len):,} tokens"
+        if kv_tokens:
+            detail += (
+                f", and admit at most {int(kv_tokens):,} tokens in flight per pod (the KV "
+                f"cache: {int(kv_tokens) // int(max_len)} full-length sequences)"
+            )
+        out.append(_item(
+            f"Admission limit on input tokens at the gateway: {int(max_len):,} per request",
+            detail, "max_model_len in the engine's start-up lines",
+        ))  # fmt: skip
+    start = first_oom(f)
+    degraded = impact_.get("degraded_from")
+    marks = [start, pd.Timestamp(degraded) if degraded else None]
+    cutoff = min((x for x in marks if x is not None), default=None)
+    if cutoff is not None:
+        cutoff -= pd.Timedelta(seconds=th.window_s)
+    base = baseline_pressure(f, cutoff)
+    if base is not None:
+        threshold = num(base + (th.kv_cache_ceiling - base) / 2, 2)
+        out.append(_item(
+            f"Autoscale {workload} on KV-cache usage above {threshold:.0%} for 30 s",
+            f"baseline before the incident: {base:.0%} (95th percentile of KV-cache usage up to "
+            f"{hms(cutoff) if cutoff is not None else 'the end'}); "
+            f"ceiling {th.kv_cache_ceiling:.0%}; "
+            "threshold halfway between them; also scale on queue wait "
+            "(vllm:num_requests_waiting above 0 for 30 s)",
+            "series: pressure",
+        ) | {"threshold": threshold, "baseline": base})  # fmt: skip
+    shed = _step_params(document, "enable_rate_limit")
+    if shed and shed.get("aggregate_limit_rpm") is not None:
+        out.append(_item(
+            f"Keep a 429 limit ready at the gateway: {shed['aggregate_limit_rpm']}/min and "
+            f"{shed.get('aggregate_connections')} connections in all",
+            str(shed.get("basis", "")).split("; ", 1)[0],
+            "runbook step enable_rate_limit",
+        ))  # fmt: skip
+    return out
+
+
+def _item(title: str, detail: str, source: str) -> dict[str, Any]:
+    return {"title": title, "detail": detail, "owner": "TBD", "source": source}
+
+
+def timeline(f: Frames) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (key entries, every entry): stages, deaths and step moves; then all of them."""
+    every, key = [], []
+    for row in f.timeline.itertuples():
+        entry = {"time": iso(row.time), "kind": row.kind, "message": row.message}
+        every.append(entry)
+        event = (row.detail or {}).get("event") if isinstance(row.detail, dict) else None
+        if (
+            row.kind in ("stage", "note", "verdict")
+            or (row.kind == "signal" and str(row.message).startswith("victim #"))
+            or (row.kind == "step" and event in KEY_STEP_EVENTS)
+        ):
+            key.append(entry)
+    return key, every
+
+
+def summary(document: Mapping[str, Any], impact_: Mapping[str, Any], f: Frames) -> str:
+    """Return three sentences: the workload, the duration, the outcome."""
+    start = first_oom(f)
+    n = len(f.victims)
+    stage = document.get("stage")
+    where = f"{document.get('workload_kind')} {document.get('workload')}"
+    if start is None:
+        return f"Incident {document.get('key')} of {where} has no victim recorded."
+    when = pd.Timestamp(start).strftime("%Y-%m-%d %H:%M:%S UTC")
+    one = f"On {when}, {n} pod(s) of {where} died of GPU out-of-memory one after another."
+    two = (
+        f"The endpoint was degraded for {duration(impact_['degraded_s'])} and down for "
+        f"{duration(impact_['down_s'])}: {impact_['failed_5xx']:,} requests failed with 5xx "
+        f"and {impact_['shed_429']:,} were shed with 429."
+    )
+    ttr = impact_.get("time_to_recover_s")
+    modes = [s.get("mode") for s in document.get("steps", [])]
+    ran = "in dry-run (nothing changed)" if modes and "live" not in modes else ""
+    reached = impact_.get("recovered_stage")
+    three = (
+        f"The incident is {stage}"
+        + (f"; it was {reached} {duration(ttr)} after the first OOM" if ttr is not None else "")
+        + (f"; its {len(modes)} runbook step(s) ran {ran}" if ran else "")
+        + "."
+    )
+    return " ".join((one, two, three))
+
+
+def analyse(
+    incident: Mapping[str, Any], document: Mapping[str, Any], f: Frames, th: Thresholds
+) -> dict[str, Any]:
+    """Return the postmortem's content (JSON values, stable order), without the plots."""
+    resolved = incident.get("resolved_at")
+    imp = impact(f, th, pd.Timestamp(resolved) if resolved else None)
+    key, every = timeline(f)
+    return {
+        "kind": "incident",
+        "incident": {
+            "id": document.get("id"),
+            "key": document.get("key"),
+            "pattern": document.get("pattern"),
+            "workload": document.get("workload"),
+            "workload_kind": document.get("workload_kind"),
+            "stage": document.get("stage"),
+            "opened_at": document.get("opened_at"),
+            "resolved_at": resolved,
+            "pods": list(document.get("pods", [])),
+        },
+        "summary": summary(document, imp, f),
+        "impact": imp,
+        "detection": detection(f),
+        "causal_chain": causal_chain(f, th),
+        "steps": steps(f, document, th),
+        "questions": [dict(q) for q in document.get("questions", [])],
+        "action_items": action_items(f, document, th, imp),
+        "timeline": key,
+        "timeline_full": every,
+    }
+
+
+def markers(f: Frames) -> list[tuple[datetime, str, str]]:
+    """Return the plots' markers ``(time, kind, label)``: stages, deaths, steps applied."""
+    out: list[tuple[datetime, str, str]] = []
+    for row in f.timeline.itertuples():
+        detail = row.detail if isinstance(row.detail, dict) else {}
+        when = pd.Timestamp(row.time).to_pydatetime()
+        if row.kind == "stage":
+            out.append((when, "stage", str(row.message).split(":", 1)[0]))
+        elif row.kind == "signal" and str(row.message).startswith("victim #"):
+            out.append((when, "death", str(row.message).split(":", 1)[0]))
+        elif row.kind == "step" and detail.get("event") in ("applied", "lifted", "rolled_back"):
+            out.append((when, "step", f"step {detail.get('position')} {detail.get('event')}"))
+    return out
