@@ -12,6 +12,7 @@ from the store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +39,9 @@ from detector.report.read import load_incident
 from detector.report.series import SERIES_BUCKET_S, load_series
 
 SERIES_COLUMNS: Final = ("time", "metric", "label", "value", "detail")
+# The plots swap matplotlib's process-wide rcParams while they draw: one drawing at a time
+# (the web app serves requests from a thread pool).
+_DRAWING: Final = threading.Lock()
 
 
 class PostmortemError(DetectorError):
@@ -87,10 +91,11 @@ def export_postmortem(*, session: Session, ref: str, fmt: str, settings: Setting
     if fmt == "json":
         plots = describe(series, marks, bucket_s=SERIES_BUCKET_S)
         return _export(content, fmt, f"postmortem-{found.id}", (), plots)
-    svgs = (
-        (TRAFFIC_FILE, traffic_plot(series, marks, bucket_s=SERIES_BUCKET_S)),
-        (PRESSURE_FILE, pressure_plot(series, marks)),
-    )
+    with _DRAWING:
+        svgs = (
+            (TRAFFIC_FILE, traffic_plot(series, marks, bucket_s=SERIES_BUCKET_S)),
+            (PRESSURE_FILE, pressure_plot(series, marks)),
+        )
     return _export(content, fmt, f"postmortem-{found.id}", svgs)
 
 

@@ -313,3 +313,36 @@ def _markers(view: dict[str, Any]) -> list[tuple[datetime, str, str]]:
         elif t["kind"] == "step" and detail.get("event") in ("applied", "lifted", "rolled_back"):
             found.append((when, "step", f"step {detail.get('position')} {detail.get('event')}"))
     return found
+
+
+# --- the postmortem export (detector.postmortem.export): Markdown, HTML, JSON -------------
+# The HTML export is one self-contained file: its own stylesheet inline, no script at all.
+_EXPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
+
+
+@router.get("/incidents/{ref:path}/postmortem.{fmt}", response_model=None)
+def postmortem(request: Request, ref: str, fmt: str) -> Response:
+    """Serve the incident's postmortem draft (``fmt``: md, html, json); a verdict's for a
+    workload with a "not this pattern" verdict. Read access as the incident page."""
+    from detector.postmortem.export import PostmortemError, export_postmortem
+    from detector.postmortem.render import FORMATS
+
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    if fmt not in FORMATS:
+        raise HTTPException(404, "no such format: postmortem.md, .html or .json")
+    ctx = web(request)
+    try:
+        with ctx.session() as session:
+            found = export_postmortem(session=session, ref=ref, fmt=fmt, settings=ctx.settings)
+    except PostmortemError as exc:
+        raise HTTPException(404, "no such incident or verdict") from exc
+    except StoreError as exc:
+        raise HTTPException(503, "the incident store is unavailable") from exc
+    disposition = f'inline; filename="{found.filename}"'
+    headers = {"Content-Disposition": disposition, "Content-Security-Policy": _EXPORT_CSP}
+    return Response(found.data, media_type=found.media_type, headers=headers)
+
+
+# ``/incidents/{ref:path}`` above matches these paths too: the export is tried first.
+router.routes.sort(key=lambda route: getattr(route, "endpoint", None) is not postmortem)
