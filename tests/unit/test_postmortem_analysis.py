@@ -1,0 +1,214 @@
+"""The postmortem's analysis on small hand-made frames, and its rendering's escaping."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+
+from detector.postmortem import analysis
+from detector.postmortem.render import md_fence, md_text, render
+
+T0 = datetime(2025, 3, 14, 9, 0, 0, tzinfo=UTC)
+TH = analysis.Thresholds(error_ratio=0.1, kv_cache_ceiling=0.95, window_s=60.0)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def iso(seconds: float) -> str:
+    return at(seconds).isoformat().replace("+00:00", "Z")
+
+
+def lb_series(buckets: list[tuple[float, int, int, int]]) -> list[dict[str, Any]]:
+    """Rows of (bucket start s, requests, 5xx, 429)."""
+    rows = []
+    for t, req, err, shed in buckets:
+        rows += [
+            {"time": at(t), "metric": "requests", "label": "", "value": float(req), "detail": ""},
+            {"time": at(t), "metric": "errors_5xx", "label": "", "value": float(err), "detail": ""},
+            {"time": at(t), "metric": "shed_429", "label": "", "value": float(shed), "detail": ""},
+        ]
+    return rows
+
+
+def pressure(pod: str, t: float, value: float) -> list[dict[str, Any]]:
+    return [
+        {"time": at(t), "metric": "pressure", "label": pod, "value": value, "detail": "KV cache"},
+        {"time": at(t), "metric": "ceiling", "label": pod, "value": 0.95, "detail": "KV cache"},
+    ]
+
+
+def incident(step_mode: str | None = "live", applied_s: float = 120.0) -> dict[str, Any]:
+    """An incident of two victims (OOM at 30 s and 60 s) with one step applied at 120 s."""
+    evidence = [
+        {"id": 1, "kind": "gpu_memory", "pod": "p1", "time": iso(25), "summary": "kv",
+         "source": "logs:10", "attrs": {"requests_running": 41, "requests_waiting": 7,
+                                        "kv_cache_usage": 0.98}},
+        {"id": 2, "kind": "gpu_oom", "pod": "p1", "time": iso(30), "summary": "oom",
+         "source": "logs:11", "attrs": {"bytes_tried": 2 * 2**30, "free_bytes": 2**30,
+                                        "capacity_bytes": 80 * 2**30}},
+        {"id": 3, "kind": "gpu_oom", "pod": "p2", "time": iso(60), "summary": "oom",
+         "source": "logs:20", "attrs": {"bytes_tried": 2**30}},
+        {"id": 4, "kind": "engine_config", "pod": "p1", "time": iso(0), "summary": "cfg",
+         "source": "logs:1", "attrs": {"max_model_len": 4096, "kv_cache_tokens": 40960,
+                                       "max_num_seqs": 256}},
+    ]  # fmt: skip
+    detail = {"event": "applied", "position": 1, "mode": step_mode}
+    timeline = [
+        {"id": 1, "time": iso(30), "kind": "stage", "message": "stage -> suspected: GPU OOM"},
+        {"id": 2, "time": iso(30), "kind": "signal", "message": "victim #1: pod p1 died"},
+        {"id": 3, "time": iso(60), "kind": "signal", "message": "victim #2: pod p2 died"},
+        {"id": 4, "time": iso(61), "kind": "stage", "message": "stage -> cascading: spread"},
+        {"id": 5, "time": iso(applied_s - 1), "kind": "step", "message": "approved",
+         "detail": {"event": "approved", "position": 1}},
+        {"id": 6, "time": iso(applied_s), "kind": "step", "message": "applied", "detail": detail},
+        {"id": 7, "time": iso(300), "kind": "stage", "message": "stage -> contained: calm"},
+    ]  # fmt: skip
+    return {
+        "id": 7,
+        "key": "ns/w@1",
+        "resolved_at": None,
+        "victims": [
+            {"pod": "p1", "position": 1, "first_oom_at": iso(30)},
+            {"pod": "p2", "position": 2, "first_oom_at": iso(60)},
+        ],
+        "evidence": evidence,
+        "timeline": timeline,
+    }
+
+
+def document(step_mode: str | None = "live") -> dict[str, Any]:
+    step = {
+        "position": 1, "action": "enable_rate_limit", "title": "Shed load", "state": "verified",
+        "mode": step_mode, "diff": "+limit-rps: 1\n", "params": {"aggregate_limit_rpm": 60},
+        "approval_state": {"status": "approved", "decided_by": "alice", "via": "web",
+                           "decided_at": iso(119)},
+        "verification": {"result": "passed"}, "reason": "",
+    }  # fmt: skip
+    return {
+        "id": 7, "key": "ns/w@1", "pattern": "gpu_oom_cascade", "workload": "ns/w",
+        "workload_kind": "Deployment", "stage": "contained", "opened_at": iso(30),
+        "pods": ["p1", "p2"], "steps": [step], "questions": [],
+    }  # fmt: skip
+
+
+def build(lb: list[tuple[float, int, int, int]], step_mode: str | None = "live") -> dict[str, Any]:
+    rows = lb_series(lb) + pressure("p2", 20, 0.5) + pressure("p2", 55, 0.97)
+    frames = analysis.frames(incident(step_mode), pd.DataFrame(rows), 5.0)
+    return analysis.analyse(incident(step_mode), document(step_mode), frames, TH)
+
+
+def falling() -> list[tuple[float, int, int, int]]:
+    """20 req per 5 s; 20 5xx per 5 s until the step at 120 s, then 3 per 5 s."""
+    return [(t, 20, 20 if t < 120 else 3, 0) for t in range(0, 240, 5)]
+
+
+def test_a_step_after_which_the_5xx_rate_falls_is_said_to_have_cut_it() -> None:
+    (step,) = build(falling())["steps"]
+    m = step["measured"]
+    assert (m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"]) == (4.0, 0.6)
+    assert step["effect"].startswith(
+        "after step 1 (enable_rate_limit) at 09:02:00 the 5xx rate fell from 4.0/s to 0.6/s"
+        " within 5 s"
+    )
+    assert step["approval"] == {"status": "approved", "by": "alice", "via": "web", "at": iso(119)}
+
+
+def test_the_window_excludes_the_bucket_the_step_lands_in() -> None:
+    before, after = analysis.windows(pd.Timestamp(at(122)), 60.0, 5.0)
+    assert (before, after) == (pd.Timestamp(at(60)), pd.Timestamp(at(125)))
+    before, after = analysis.windows(pd.Timestamp(at(120)), 60.0, 5.0)
+    assert (before, after) == (pd.Timestamp(at(60)), pd.Timestamp(at(120)))
+
+
+def test_a_flat_5xx_rate_is_no_measurable_effect() -> None:
+    (step,) = build([(t, 20, 10, 0) for t in range(0, 240, 5)])["steps"]
+    assert step["effect"].startswith("no measurable effect: after step 1")
+    assert "2.0/s to 2.0/s" in step["effect"]
+
+
+def test_a_dry_run_step_says_it_changed_nothing_even_when_the_rate_fell() -> None:
+    (step,) = build(falling(), step_mode="dry_run")["steps"]
+    assert step["effect"].startswith("dry-run: step 1 (enable_rate_limit) changed nothing")
+    assert "fell from 4.0/s to 0.6/s" in step["effect"]  # what happened, not its effect
+
+
+def test_a_step_never_applied_has_no_measurement() -> None:
+    inc = incident()
+    inc["timeline"] = [t for t in inc["timeline"] if (t.get("detail") or {}).get("event") !=
+                       "applied"]  # fmt: skip
+    frames = analysis.frames(inc, pd.DataFrame(lb_series(falling())), 5.0)
+    (step,) = analysis.steps(frames, document() | {"steps": [document()["steps"][0] |
+                             {"state": "withdrawn", "reason": "nothing to do"}]}, TH)  # fmt: skip
+    assert step["measured"] is None and step["effect"] == "never applied: nothing to do"
+
+
+def test_impact_counts_degraded_down_failed_shed_and_the_peak() -> None:
+    lb = [(0, 10, 0, 0), (5, 10, 1, 0), (10, 10, 5, 0), (15, 8, 8, 0), (20, 6, 4, 2),
+          (25, 0, 0, 0), (35, 10, 0, 0)]  # fmt: skip
+    frames = analysis.frames(incident(), pd.DataFrame(lb_series(lb)), 5.0)
+    imp = analysis.impact(frames, TH)
+    assert imp["failed_5xx"] == 18 and imp["shed_429"] == 2 and imp["requests"] == 54
+    # 10 %: not above the threshold; 50 %, 100 %, 67 %: degraded
+    assert imp["degraded_s"] == 15.0 and imp["degraded_from"] == iso(10)
+    assert imp["down_s"] == 10.0 and imp["down_from"] == iso(15)  # 8/8 5xx; 4 5xx + 2 429
+    assert imp["peak_5xx_rate_per_s"] == 1.6 and imp["peak_at"] == iso(15)
+    assert imp["span"] == {"start": iso(0), "end": iso(40)}  # the missing bucket 30 s is 0
+    assert imp["pods_lost"] == 2 and imp["time_to_recover_s"] == 270.0
+
+
+def test_detection_delays_from_the_first_oom() -> None:
+    found = {d["milestone"]: d for d in build(falling())["detection"]}
+    assert found["suspected"]["delay_s"] == 0.0
+    assert found["cascading"]["delay_s"] == 31.0
+    assert found["first approval"]["delay_s"] == 89.0
+    assert found["first action"]["delay_s"] == 90.0
+    assert found["first notification"]["time"] is None
+
+
+def test_the_causal_chain_names_figures_and_sources() -> None:
+    chain = build(falling())["causal_chain"]
+    assert [c["link"] for c in chain] == [
+        "first OOM", "batch before", "traffic shift", "pressure on a survivor", "death #2"
+    ]  # fmt: skip
+    assert "tried to allocate 2.00 GiB; 1.00 GiB free of 80.00 GiB" in chain[0]["text"]
+    assert chain[0]["source"] == "logs:11"
+    assert "running 41 requests with 7 waiting" in chain[1]["text"]
+    assert "max_model_len 4,096" in chain[1]["text"]
+    assert "50% → 97%" in chain[3]["text"]
+    assert "30 s after the previous death" in chain[4]["text"]
+
+
+def test_action_items_carry_this_incidents_numbers_and_an_owner() -> None:
+    items = build(falling())["action_items"]
+    titles = [i["title"] for i in items]
+    assert "Lower the batch ceiling of ns/w to 10 sequences" in titles  # 40,960 / 4,096
+    assert any("4,096 per request" in t for t in titles)
+    assert {i["owner"] for i in items} == {"TBD"}
+
+
+def test_markdown_escapes_input_that_would_break_a_table_or_open_markup() -> None:
+    evil = "a|b <script>x</script> `code` [l](javascript:1) \x1b[31m\nnext"
+    out = md_text(evil)
+    assert "\n" not in out and "\x1b" not in out and "<" not in out
+    assert out.count("|") == out.count("\\|") and "\\`code\\`" in out and "\\[l\\]" in out
+    assert md_fence("x ``` y").startswith("````\n")
+
+
+def test_rendered_documents_escape_input_and_are_deterministic() -> None:
+    content = build(falling())
+    content["timeline"][0]["message"] = "<img src=x onerror=alert(1)> | `x`"
+    md = render(content, "md")
+    row = next(line for line in md.splitlines() if "onerror" in line)
+    assert row.count("|") - row.count("\\|") == 4  # three cells: the input added none
+    assert "<img" not in md
+    html = render(content, "html")
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    doc = json.loads(render(content, "json", plots=[{"title": "t"}]))
+    assert {"summary", "impact", "detection", "causal_chain", "steps", "questions",
+            "action_items", "timeline", "plots"} <= set(doc)  # fmt: skip
+    assert render(content, "md") == md and render(content, "html") == html
