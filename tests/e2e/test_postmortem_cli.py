@@ -192,3 +192,35 @@ def test_errors_are_one_line_and_exit_2(store: Store, tmp_path: Path) -> None:
     missing = detector("postmortem", KEY, "--db", f"sqlite:///{tmp_path / 'none.db'}")
     assert missing.returncode == 2 and b"no incident store" in missing.stderr
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_web_app_serves_the_same_exports_and_links_them(store: Store) -> None:
+    import httpx
+    from http_helpers import serving
+
+    from detector.config import DatabaseSettings, Settings, WebSettings
+
+    token = "reader-token-0123456789abcdef"
+    open_read = Settings(database=DatabaseSettings(url=store.url))
+    with serving(open_read) as base, httpx.Client(base_url=base) as http:
+        for fmt in ("md", "html", "json"):
+            got = http.get(f"/incidents/{KEY}/postmortem.{fmt}")
+            assert got.status_code == 200 and got.content == export(store, KEY, fmt)
+        by_id = http.get("/incidents/1/postmortem.md")
+        assert by_id.content == export(store, KEY, "md")
+        assert "script-src" not in got.headers["content-security-policy"]  # no script at all
+        page = http.get("/incidents/1").text
+        assert 'href="/incidents/1/postmortem.html"' in page
+        verdict = http.get("/incidents/batch/embedder/postmortem.md")
+        assert verdict.status_code == 200 and b"host-RAM OOM" in verdict.content
+        assert http.get("/incidents/1/postmortem.pdf").status_code == 404
+        assert http.get("/incidents/no/such@1/postmortem.md").status_code == 404
+    guarded = Settings(
+        database=DatabaseSettings(url=store.url),
+        web=WebSettings(host="0.0.0.0", tokens={"reader": token}),  # type: ignore[dict-item]
+    )
+    with serving(guarded) as base, httpx.Client(base_url=base) as http:
+        anonymous = http.get("/incidents/1/postmortem.md")
+        assert anonymous.status_code == 303 and anonymous.headers["location"].startswith("/login")
+        assert http.post("/login", data={"token": token}).status_code == 303
+        assert http.get("/incidents/1/postmortem.md").status_code == 200  # the session cookie
