@@ -524,7 +524,7 @@ def action_items(
         out.append(_item(
             f"Lower the batch ceiling of {workload}: {ceiling.get('ceiling_param')} "
             f"{ceiling.get('current_ceiling')} → {new_seqs}",
-            f"set `{ceiling.get('settings')}`; {ceiling.get('basis')}",
+            f"set {ceiling.get('settings')}; {ceiling.get('basis')}",
             "runbook step lower_batch_ceiling",
         ))  # fmt: skip
     elif max_len and kv_tokens:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from detector.postmortem.plots import PRESSURE_FILE, PRESSURE_TITLE, TRAFFIC_FILE, TRAFFIC_TITLE
 from detector.textsafe import printable, printable_json
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
@@ -30,6 +31,7 @@ MEDIA_TYPES: Final = {
     "html": "text/html; charset=utf-8",
     "json": "application/json",
 }
+_PLOT_TITLES: Final = {TRAFFIC_FILE: TRAFFIC_TITLE, PRESSURE_FILE: PRESSURE_TITLE}
 _MD_ESCAPES: Final = str.maketrans({c: "\\" + c for c in "\\|`*[]"} | {"<": "&lt;", ">": "&gt;"})
 
 
@@ -119,7 +121,7 @@ def render(
         return printable_json(text) + "\n"
     kind = "verdict" if content.get("kind") == "verdict" else "postmortem"
     if fmt == "md":
-        links = [Raw(f"![{md_text(name)}]({name})") for name, _ in svgs]
+        links = [Raw(f"![{md_text(_PLOT_TITLES.get(name, name))}]({name})") for name, _ in svgs]
         return _MD_ENV.get_template(f"{kind}.md.j2").render(pm=content, plots=links)
     if fmt == "html":
         inline = [(name, svg_inline(svg)) for name, svg in svgs]
