@@ -613,12 +613,12 @@ def summary(document: Mapping[str, Any], impact_: Mapping[str, Any], f: Frames) 
     modes = [s.get("mode") for s in document.get("steps", [])]
     ran = "in dry-run (nothing changed)" if modes and "live" not in modes else ""
     reached = impact_.get("recovered_stage")
-    three = (
-        f"The incident is {stage}"
-        + (f"; it was {reached} {duration(ttr)} after the first OOM" if ttr is not None else "")
-        + (f"; its {len(modes)} runbook step(s) ran {ran}" if ran else "")
-        + "."
-    )
+    if ttr is not None:
+        three = f"It was {reached} {duration(ttr)} after the first OOM"
+        three += f" and is now {stage}" if stage != reached else ""
+    else:
+        three = f"The incident is {stage}"
+    three += (f"; its {len(modes)} runbook step(s) ran {ran}" if ran else "") + "."
     return " ".join((one, two, three))
 
 
