@@ -262,6 +262,22 @@ def require_head(url: str) -> None:
         )
 
 
+@contextmanager
+def existing_store(url: str) -> Iterator[Session]:
+    """Yield a session on the detector's store at ``url``, which must exist at head.
+
+    For the commands that read or change a running detector's store: ``require_head`` first,
+    so a mistyped URL never creates an empty store. The caller commits. Raises StoreError.
+    """
+    require_head(url)
+    engine = make_engine(url)
+    try:
+        with session_factory(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
 def downgrade(url: str, revision: str = "base") -> None:
     """Migrate the database at ``url`` down to ``revision`` (``alembic downgrade base``).
 

@@ -55,14 +55,9 @@ ForceOption = Annotated[
 
 @contextmanager
 def _store(settings: Settings) -> Iterator[Session]:
-    db.require_head(settings.database.url)  # never a new store: a typo must not "work"
-    engine = db.make_engine(settings.database.url)
-    try:
-        with db.session_factory(engine)() as session:
-            yield session
-            session.commit()
-    finally:
-        engine.dispose()
+    with db.existing_store(settings.database.url) as session:
+        yield session
+        session.commit()
 
 
 _SAFE = (DecisionKind.KILL_SWITCH_ON, DecisionKind.DISARM)  # the brakes: never held back

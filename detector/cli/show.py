@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC
 from typing import Annotated, Any, NoReturn
@@ -52,7 +51,7 @@ def show_cmd(
     """
     try:
         settings = cli_settings(database_url, None)
-        with _reading(settings) as session:
+        with db.existing_store(settings.database.url) as session:
             doc = _incident(session, incident, settings)
     except DetectorError as exc:
         _fail(str(exc))
@@ -77,7 +76,7 @@ def dead_letters_cmd(
     """
     try:
         settings = cli_settings(database_url, None)
-        with _reading(settings) as session:
+        with db.existing_store(settings.database.url) as session:
             letters = load_dead_letters(session=session, reason=reason, limit=limit)
     except DetectorError as exc:
         _fail(str(exc))
@@ -86,18 +85,6 @@ def dead_letters_cmd(
         return
     for line in _dead_letter_lines(letters, reason):
         typer.echo(printable(line, one_line=True))
-
-
-@contextmanager
-def _reading(settings: Settings) -> Iterator[Session]:
-    """Open a session on the detector's store, refused unless it exists and is at head."""
-    db.require_head(settings.database.url)  # never a new store: a typo must not "work"
-    engine = db.make_engine(settings.database.url)
-    try:
-        with db.session_factory(engine)() as session:
-            yield session
-    finally:
-        engine.dispose()
 
 
 def _incident(session: Session, value: str, settings: Settings) -> dict[str, Any]:
