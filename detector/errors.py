@@ -8,6 +8,7 @@ DetectorError                      root of every error raised on purpose; ``reas
 ├── RunbookError                   a runbook definition or its rendering is invalid
 ├── ApprovalError                  a decision (approve, deny, arm, disarm, kill switch) was refused
 ├── NotifyError                    Slack refused or could not be reached (``detector.notify.slack``)
+├── PostmortemError                no such incident or verdict to export, or an unknown format
 ├── GpuError                       NVML failed (``detector.gpu.nvml``; reason: NVML's error name)
 └── ActuatorError                  an actuator could not plan, apply, verify or revert a change
     │                              (``detector.actuators.base``; reasons: ``actuators.base.Reason``)
@@ -58,6 +59,10 @@ class RunbookError(DetectorError):
 class NotifyError(DetectorError):
     """A notification could not be delivered: ``reason`` is Slack's error code
     (``channel_not_found``, ``ratelimited`` ...) or ``unreachable``; the outbox keeps it."""
+
+
+class PostmortemError(DetectorError):
+    """The postmortem cannot be exported: no such incident or verdict, or an unknown format."""
 
 
 class ApprovalError(DetectorError):

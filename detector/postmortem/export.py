@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from detector.config import Settings
 from detector.db import store_errors
-from detector.errors import DetectorError
+from detector.errors import PostmortemError
 from detector.incidents import service
 from detector.incidents.schemas import VerdictOut
 from detector.postmortem import analysis
@@ -42,10 +42,6 @@ SERIES_COLUMNS: Final = ("time", "metric", "label", "value", "detail")
 # The plots swap matplotlib's process-wide rcParams while they draw: one drawing at a time
 # (the web app serves requests from a thread pool).
 _DRAWING: Final = threading.Lock()
-
-
-class PostmortemError(DetectorError):
-    """The export cannot be made: no such incident or verdict, or an unknown format."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from detector.errors import StoreError
+from detector.errors import PostmortemError, StoreError
 from detector.incidents import service
 from detector.notify.slack.blocks import BLAST_PARAMS
+from detector.postmortem.export import export_postmortem
+from detector.postmortem.render import FORMATS
 from detector.report.dead_letters import load_dead_letters
 from detector.report.document import past_expiry
 from detector.report.listing import list_incidents
@@ -144,6 +146,53 @@ def confirm_step(request: Request, ref: str, position: int, action: str) -> Resp
     if step is None:
         raise HTTPException(404, "no such step")
     return _page(request, "confirm_step.html", inc=view, step=_step_view(step), action=action)
+
+
+# --- the postmortem export (detector.postmortem.export): Markdown, HTML, JSON -------------
+# The HTML export is one self-contained file: its own stylesheet inline, no script at all.
+_EXPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
+
+
+@router.get("/incidents/{ref:path}/postmortem.{fmt}", response_model=None)
+def postmortem(request: Request, ref: str, fmt: str) -> Response:
+    """Serve the incident's postmortem draft (``fmt``: md, html, json); a verdict's for a
+    workload with a "not this pattern" verdict. Read access as the incident page."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    if fmt not in FORMATS:
+        raise HTTPException(404, "no such format: postmortem.md, .html or .json")
+    ctx = web(request)
+    try:
+        with ctx.session() as session:
+            found = export_postmortem(session=session, ref=ref, fmt=fmt, settings=ctx.settings)
+    except PostmortemError as exc:
+        raise HTTPException(404, "no such incident or verdict") from exc
+    except StoreError as exc:
+        raise HTTPException(503, "the incident store is unavailable") from exc
+    disposition = f'inline; filename="{found.filename}"'
+    headers = {"Content-Disposition": disposition, "Content-Security-Policy": _EXPORT_CSP}
+    return Response(found.data, media_type=found.media_type, headers=headers)
+
+
+@router.get("/incidents/{ref:path}/{plot}.svg", response_model=None)
+def postmortem_plot(request: Request, ref: str, plot: str) -> Response:
+    """Serve a plot the Markdown postmortem links beside it (``traffic.svg``, ``pressure.svg``)."""
+    if (redirect := _reader(request)) is not None:
+        return redirect
+    ctx = web(request)
+    try:
+        with ctx.session() as session:
+            found = export_postmortem(session=session, ref=ref, fmt="md", settings=ctx.settings)
+    except PostmortemError as exc:
+        raise HTTPException(404, "no such incident") from exc
+    except StoreError as exc:
+        raise HTTPException(503, "the incident store is unavailable") from exc
+    svg = dict(found.plots).get(f"{plot}.svg")
+    if svg is None:
+        raise HTTPException(404, "no such plot: traffic.svg or pressure.svg")
+    return Response(
+        svg, media_type="image/svg+xml", headers={"Content-Security-Policy": _EXPORT_CSP}
+    )
 
 
 @router.get("/incidents/{ref:path}", response_class=HTMLResponse, response_model=None)
@@ -313,36 +362,3 @@ def _markers(view: dict[str, Any]) -> list[tuple[datetime, str, str]]:
         elif t["kind"] == "step" and detail.get("event") in ("applied", "lifted", "rolled_back"):
             found.append((when, "step", f"step {detail.get('position')} {detail.get('event')}"))
     return found
-
-
-# --- the postmortem export (detector.postmortem.export): Markdown, HTML, JSON -------------
-# The HTML export is one self-contained file: its own stylesheet inline, no script at all.
-_EXPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
-
-
-@router.get("/incidents/{ref:path}/postmortem.{fmt}", response_model=None)
-def postmortem(request: Request, ref: str, fmt: str) -> Response:
-    """Serve the incident's postmortem draft (``fmt``: md, html, json); a verdict's for a
-    workload with a "not this pattern" verdict. Read access as the incident page."""
-    from detector.postmortem.export import PostmortemError, export_postmortem
-    from detector.postmortem.render import FORMATS
-
-    if (redirect := _reader(request)) is not None:
-        return redirect
-    if fmt not in FORMATS:
-        raise HTTPException(404, "no such format: postmortem.md, .html or .json")
-    ctx = web(request)
-    try:
-        with ctx.session() as session:
-            found = export_postmortem(session=session, ref=ref, fmt=fmt, settings=ctx.settings)
-    except PostmortemError as exc:
-        raise HTTPException(404, "no such incident or verdict") from exc
-    except StoreError as exc:
-        raise HTTPException(503, "the incident store is unavailable") from exc
-    disposition = f'inline; filename="{found.filename}"'
-    headers = {"Content-Disposition": disposition, "Content-Security-Policy": _EXPORT_CSP}
-    return Response(found.data, media_type=found.media_type, headers=headers)
-
-
-# ``/incidents/{ref:path}`` above matches these paths too: the export is tried first.
-router.routes.sort(key=lambda route: getattr(route, "endpoint", None) is not postmortem)

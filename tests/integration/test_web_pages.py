@@ -84,6 +84,9 @@ def test_reading_on_loopback_needs_no_login(store: tuple[str, int]) -> None:
         doc = web.get(f"/api/incidents/{incident_id}").json()
         assert len(doc["pods"]) == 4 and doc["timeline"] and doc["evidence"]
         assert web.get("/api/incidents/999999").status_code == 404
+        plot = web.get(f"/incidents/{incident_id}/traffic.svg")  # linked by postmortem.md
+        assert plot.headers["content-type"].startswith("image/svg+xml") and "<svg" in plot.text
+        assert web.get(f"/incidents/{incident_id}/other.svg").status_code == 404
         stages = web.get(f"/incidents/{incident_id}?kind=stage").text
         assert stages.count('class="entry stage"') == 2  # suspected, cascading
         assert 'class="entry step"' not in stages

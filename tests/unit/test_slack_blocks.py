@@ -127,8 +127,11 @@ def test_input_text_never_becomes_a_mention_link_or_control() -> None:
     joined = "\n".join(_texts(msg.blocks))
     assert "&lt;!channel&gt;" in joined and "&lt;@U123&gt;" in joined and "&amp;" in joined
     assert "&lt;http://x|y&gt;" in joined
-    # the only link is the detector's own page
-    assert re.findall(r"<(http[^|>]+)\|", joined) == ["https://d.example/incidents/7"]
+    # the only links are the detector's own pages: the incident and its postmortem draft
+    assert re.findall(r"<(http[^|>]+)\|", joined) == [
+        "https://d.example/incidents/7",
+        "https://d.example/incidents/7/postmortem.html",
+    ]
 
 
 def test_root_message_tells_stage_victims_signals_and_risk_first() -> None:

@@ -317,7 +317,10 @@ def _footer(inc: Mapping[str, Any], options: Options) -> str:
     updated = _clock(max([_parse(t) for t in [inc["updated_at"], *decided]]))
     if options.base_url:
         url = f"{options.base_url.rstrip('/')}/incidents/{int(inc['id'])}"
-        return f"<{url}|Open the incident timeline> · updated {updated}"
+        return (
+            f"<{url}|Open the incident timeline> · <{url}/postmortem.html|Postmortem draft> · "
+            f"updated {updated}"
+        )
     return f"updated {updated}"
 
 
