@@ -6,6 +6,7 @@ unreachable, a failure under CI), migrated with ``alembic upgrade head``.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,10 +32,17 @@ from detector.runbooks.planner import PlannedStep, plan
 from detector.runbooks.runner import Containment, advance
 from detector.runbooks.steps import StepRecord
 
-# Event time near the wall clock: a person's decision is checked against the wall clock.
+# Event time near the wall clock: a person's decision is checked against the wall clock. Set
+# again before each test (``_near_now``): read once at collection, it lets approvals expire
+# when the tests before this module take longer than their expiry.
 T0 = float(int(time.time()) - 300)
 APPROVERS = ("alice", "bob")
 RUNBOOK = load_runbook(default_runbook_path())
+
+
+@pytest.fixture(autouse=True)
+def _near_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "T0", float(int(time.time()) - 300))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -97,8 +105,9 @@ def context(key: str, *victims: str, stage: str = "cascading", at: float = 0) ->
 
 
 def open_incident(
-    session: Session, key: str = "llm/m@1", at: float = T0, runbook: Runbook = RUNBOOK
+    session: Session, key: str = "llm/m@1", at: float | None = None, runbook: Runbook = RUNBOOK
 ) -> Incident:
+    at = T0 if at is None else at
     incident = service.get_or_create_incident(
         session=session,
         key=key,
