@@ -203,3 +203,17 @@ def past_expiry(approval: Mapping[str, Any], now: datetime | None = None) -> dat
         return None
     when = datetime.fromisoformat(expires).astimezone(UTC)
     return when if when <= (now or datetime.now(UTC)) else None
+
+
+def decidable(step: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """Return True when a step of the document waits for a person's decision now.
+
+    Awaiting approval, its approval pending and not past its expiry by the wall clock
+    (``past_expiry``): what Slack's buttons and the web page's forms are offered for.
+    """
+    approval = step["approval_state"]
+    return (
+        step["state"] == "awaiting_approval"
+        and approval.get("status") == "pending"
+        and past_expiry(approval, now) is None
+    )

@@ -53,6 +53,7 @@ class Chart:
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
     width: float = WIDTH
     height: float = HEIGHT
+    top: float = 1.0  # the value at the top of the panel
 
     @property
     def empty(self) -> bool:
@@ -99,12 +100,11 @@ def charts(
     if pressure:
         chart = _chart("Memory / KV-cache pressure", RATIO, pressure, marks, (t0, t1),
                        max(1.0, ceiling))  # fmt: skip
-        top = _nice(max([1.0, ceiling, *(v for _, _, pts in pressure for _, v in pts)]))
         # the ceilings the readings were judged against (a pre-reserving engine's reservation
         # plus margin, per pod), else the configured one
         judged = sorted({round(r["value"], 3) for r in series if r["metric"] == "ceiling"})
         for value in judged or [ceiling]:
-            chart.rules.append((_y(value, top), f"ceiling {value:.0%}"))
+            chart.rules.append((_y(value, chart.top), f"ceiling {value:.0%}"))
         found.append(chart)
     return found
 
@@ -123,7 +123,7 @@ def _chart(
     """Scale ``raw`` lines and ``marks`` into one panel over ``span`` (Unix seconds)."""
     t0, t1 = span
     top = _nice(max([floor, *(v for _, _, pts in raw for _, v in pts)]))
-    chart = Chart(title, unit)
+    chart = Chart(title, unit, top=top)
     for label, css, pts in raw:
         xy = " ".join(f"{_x(t, t0, t1):.1f},{_y(v, top):.1f}" for t, v in pts)
         chart.lines.append(Line(label, css, xy, pts[-1][1]))

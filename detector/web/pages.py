@@ -28,7 +28,7 @@ from detector.notify.slack.blocks import BLAST_PARAMS
 from detector.postmortem.export import export_postmortem
 from detector.postmortem.render import FORMATS
 from detector.report.dead_letters import load_dead_letters
-from detector.report.document import past_expiry
+from detector.report.document import decidable, past_expiry
 from detector.report.listing import list_incidents
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.textsafe import printable
@@ -322,15 +322,10 @@ def _local(target: str) -> str:
 
 def _step_view(step: dict[str, Any]) -> dict[str, Any]:
     approval = step["approval_state"]
-    waiting = (
-        step["state"] == "awaiting_approval"
-        and approval.get("status") == "pending"
-        and past_expiry(approval) is None
-    )
     params = step.get("params") or {}
     radius = [(label, params[key]) for key, label in BLAST_PARAMS if params.get(key) not in
               (None, "", [])]  # fmt: skip
-    return step | {"waiting": waiting, "radius": radius, "expired": past_expiry(approval)}
+    return step | {"waiting": decidable(step), "radius": radius, "expired": past_expiry(approval)}
 
 
 def _detected(view: dict[str, Any]) -> str:

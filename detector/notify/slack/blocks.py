@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from detector.notify.slack.mrkdwn import code, code_block, cut, text
-from detector.report.document import past_expiry
+from detector.report.document import decidable, past_expiry
 
 STAGE_EMOJI = {"suspected": "⚠️", "cascading": "🔥", "contained": "🛡️", "resolved": "✅"}
 STATE_EMOJI = {
@@ -207,7 +207,7 @@ def _steps(doc: Mapping[str, Any], options: Options) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "divider"}, _section("*Containment runbook:*")]
     for step in steps:
         blocks.append(_section(_step_text(step, options.now)))
-        if _waiting(step, options.now):
+        if decidable(step, options.now):
             blocks.append(_section(_blast_radius(step)))
             blocks.append(_buttons(doc["key"], step))
     return blocks
@@ -234,15 +234,6 @@ def _step_text(step: Mapping[str, Any], now: datetime | None) -> str:
     if step.get("reason"):
         lines.append(text(step["reason"], 600))
     return "\n".join(lines)
-
-
-def _waiting(step: Mapping[str, Any], now: datetime | None) -> bool:
-    approval = step["approval_state"]
-    return (
-        step["state"] == "awaiting_approval"
-        and approval.get("status") == "pending"
-        and past_expiry(approval, now) is None
-    )
 
 
 # The parameters that say what a step touches, in the order they are shown.

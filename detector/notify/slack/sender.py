@@ -100,13 +100,13 @@ class SlackSender:
         # committed with their entries) and the incident's latest state.
         thread = delivery.thread
         inc, root = self._read(session, thread.incident_id, thread.drill)
-        posted = 0
+        posted, digest = 0, _digest(root)
         if thread.ts is None:
             posted += self._post_root(thread, inc["key"], root, delivery.root_attempted)
-        elif _digest(root) != thread.digest:  # the state first: a stage change shows at once
+        elif digest != thread.digest:  # the state first: a stage change shows at once
             self._call("chat.update", self._client.chat_update, channel=thread.channel,
                        ts=thread.ts, text=root.text, blocks=root.blocks)  # fmt: skip
-            thread.digest = _digest(root)
+            thread.digest = digest
             posted += 1
         entries = {e["id"]: e for e in inc["timeline"]}
         for batch in delivery.batches:
