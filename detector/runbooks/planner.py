@@ -262,7 +262,8 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     """Return (crashed pods, healthy pods at the ceiling, basis) in restart order; pure.
 
     Only pods still down or still at the ceiling as the evidence stands now (``pods_now``).
-    Crashed pods (the victims) come first, in the order they died: they serve nothing, so
+    Crashed pods (the victims) come first, in the order they died (their first GPU OOM in
+    event time, not the order a process happened to read them in): they serve nothing, so
     restarting them costs no capacity, and a restart starts from an empty GPU, so the memory
     they had before does not matter (the order also stays the same for a process that took
     over the workload and saw fewer of their readings). Then the healthy pods whose memory
@@ -271,7 +272,15 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     (``memory_headroom``), pods of unknown headroom last, ties in order of first sight.
     """
     recovered, cooled = pods_now(ctx.signals)
-    victims = [p for p in ctx.victims if p not in recovered]
+    died: dict[str, float] = {}  # each victim's first GPU OOM in event time
+    for s in ctx.signals:
+        if s.kind is SignalKind.GPU_OOM and s.pod and s.time < died.get(s.pod, float("inf")):
+            died[s.pod] = s.time
+    rank = {p: i for i, p in enumerate(ctx.victims)}
+    victims = sorted(
+        (p for p in ctx.victims if p not in recovered),
+        key=lambda p: (died.get(p, float("inf")), rank[p]),
+    )
     at_ceiling = [
         p
         for p in dict.fromkeys(s.pod for s in ctx.signals if s.pod and "pressure" in s.attrs)
