@@ -28,6 +28,7 @@ from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
 from detector.cli.settings import cli_settings as _settings
 from detector.cli.show import dead_letters_cmd, show_cmd
+from detector.cli.simulate import simulate_cmd
 from detector.cli.stream import incidents_cmd, produce_cmd, run_cmd
 from detector.config import Settings
 from detector.errors import DetectorError
@@ -57,6 +58,7 @@ app.command("disarm")(disarm_cmd)
 app.command("kill-switch")(kill_switch_cmd)
 app.command("serve")(serve_cmd)
 app.command("postmortem")(postmortem_cmd)
+app.command("simulate")(simulate_cmd)
 
 
 @app.command("replay")

@@ -252,6 +252,21 @@ class Recorder:
         }
         self.put("gpu-metrics.jsonl", t, record, sort=True)
 
+    def drain(self, until: float) -> list[tuple[str, float, str]]:
+        """Return and remove the records at offset <= ``until`` seconds.
+
+        Each as (file name, offset seconds, JSON text), ordered by (offset, sequence) across
+        files; later records stay for a later ``drain`` or ``write``.
+        """
+        limit = round(until * 1e6)
+        out: list[tuple[int, int, str, str]] = []
+        for name, rows in self.files.items():
+            keep = [row for row in rows if row[0] > limit]
+            out += [(us, seq, name, text) for us, seq, text in rows if us <= limit]
+            self.files[name] = keep
+        out.sort(key=lambda row: (row[0], row[1]))
+        return [(name, us / 1e6, text) for us, _, name, text in out]
+
     def write(self, outdir: Path) -> list[Path]:
         """Write every file, records sorted by event time (stable), and return the paths."""
         outdir.mkdir(parents=True, exist_ok=True)

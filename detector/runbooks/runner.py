@@ -19,7 +19,16 @@ from typing import ClassVar
 
 from sqlalchemy.orm import Session
 
-from detector.actuators.base import ActionResult, Actuator, Change, Operation, Plan, Reason, Status
+from detector.actuators.base import (
+    ActionResult,
+    Actuator,
+    ActuatorError,
+    Change,
+    Operation,
+    Plan,
+    Reason,
+    Status,
+)
 from detector.correlate.context import IncidentContext
 from detector.incidents import service
 from detector.incidents.models import Incident
@@ -350,13 +359,20 @@ def _act(t: Transition, c: Containment) -> Transition:
         else:
             plan = actuator.plan_step(replace(t.step, params=dict(t.params or {})))
             result = actuator.apply(plan, dry_run=dry_run)
+    except ActuatorError as exc:  # refused, or the target is gone: an outcome, not a bug
+        log.warning("actuator refused step=%s move=%s: %s", t.step.step_id, t.move.value, exc)
+        result = _failed(t, action, exc.reason, str(exc))
     except Exception as exc:  # the background step runner's boundary: one step, not the stream
         log.exception("actuator failed step=%s move=%s", t.step.step_id, t.move.value)
-        operation = Operation.REVERT if t.move in REVERT_MOVES else Operation.APPLY
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        result = ActionResult(action, "actuator", operation, Status.FAILED, reason=Reason.ERROR,
-                              error=error, restored=False)  # fmt: skip
+        result = _failed(t, action, Reason.ERROR, f"{type(exc).__name__}: {exc}")
     return settle(t, result, plan.as_record() if plan is not None else None)
+
+
+def _failed(t: Transition, action: str, reason: Reason, error: str) -> ActionResult:
+    """Return the failed result of a move whose actuator raised (nothing was changed)."""
+    operation = Operation.REVERT if t.move in REVERT_MOVES else Operation.APPLY
+    return ActionResult(action, "actuator", operation, Status.FAILED, reason=reason,
+                        error=error[:500], restored=False)  # fmt: skip
 
 
 def _believed(rec: StepRecord) -> dict[str, str | None]:

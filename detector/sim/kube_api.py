@@ -86,7 +86,12 @@ class Fault:
 
 def status_body(code: int, reason: str, message: str, details: Any = None) -> dict[str, Any]:
     """Return a metav1.Status error body."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+    }
     body |= {"message": message, "reason": reason, "code": code}
     if details is not None:
         body["details"] = details

@@ -1,0 +1,156 @@
+"""What the simulated endpoint shows, in the real wire formats of ``detector.lab``.
+
+Container logs (vLLM start-up with this engine's arguments and KV-cache figures, its stats
+line, the ``torch.OutOfMemoryError`` death, the illegal-address crash), Kubernetes events
+(kubelet and scheduler), dcgm-exporter framebuffer samples and vLLM's Prometheus gauges, and
+ingress-nginx access lines inside the controller pod's Fluent Bit envelope. The line shapes
+and envelopes are ``detector.lab``'s (``wordings``, ``recorder``, ``recorder_traffic``,
+``recording_crashes``); this module only fills them with the model's numbers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from detector.lab import recorder as r
+from detector.lab import recorder_traffic as tr
+from detector.lab import recording_crashes as crashes
+from detector.lab import wordings as w
+from detector.lab.recorder import Pod, Recorder
+from detector.sim.engine import GIB, Engine, Oom, Physics
+
+MIB = 1024**2
+REQUEST = "POST /v1/chat/completions"
+_STARTUP_SPAN_S = 43.0  # the last start-up line's offset in wordings' vLLM start-up
+
+
+def startup_lines(
+    rec: Recorder, t0: float, engine_tag: str, args: dict[str, int], phys: Physics, load_s: float
+) -> list[w.Line]:
+    """Return vLLM's start-up lines at ``t0`` with this engine's args and KV-cache figures.
+
+    The template is ``wordings.vllm_startup`` (vLLM 0.10.1 on an H100); its ceilings, KV-cache
+    size, blocks and concurrency are replaced by the model's, and its offsets stretched to end
+    one second before Ready (``load_s`` after the container starts).
+    """
+    scale = max(0.1, (load_s - 2.0) / _STARTUP_SPAN_S)
+    seqs, batched, length = (
+        args["max-num-seqs"],
+        args["max-num-batched-tokens"],
+        args["max-model-len"],
+    )
+    tokens = phys.kv_pool_tokens
+    subs = (
+        (r"'max_model_len': \d+", f"'max_model_len': {length}"),
+        (r"'max_num_seqs': \d+", f"'max_num_seqs': {seqs}"),
+        (r"max model len \d+", f"max model len {length}"),
+        (r"max_num_batched_tokens=\d+", f"max_num_batched_tokens={batched}"),
+        (r"max_seq_len=\d+", f"max_seq_len={length}"),
+        (
+            r"Available KV cache memory: [\d.]+ GiB",
+            f"Available KV cache memory: {phys.kv_pool_bytes / GIB:.2f} GiB",
+        ),
+        (r"GPU KV cache size: [\d,]+ tokens", f"GPU KV cache size: {tokens:,} tokens"),
+        (
+            r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x",
+            f"Maximum concurrency for {length:,} tokens per request: {tokens / length:.2f}x",
+        ),
+        (r"num_gpu_blocks is: \d+", f"num_gpu_blocks is: {tokens // 16}"),
+    )
+    out: list[w.Line] = []
+    for i, (dt, stream, text) in enumerate(w.vllm_startup(rec.start + t0, engine_tag)):
+        for pattern, repl in subs:
+            text = re.sub(pattern, repl, text)
+        out.append((t0 + dt * scale + i * 5e-5, stream, text))  # 50 us apart, as Recorder.lines
+    return out
+
+
+def oom_death(rec: Recorder, pod: Pod, t: float, engine_tag: str, oom: Oom) -> None:
+    """Log the engine's death by CUDA OOM: the traceback and ``torch.OutOfMemoryError``."""
+    free = max(2 * MIB, oom.capacity - oom.in_use)
+    tried = max(oom.tried, free + 2 * MIB)
+    numbers = w.OomNumbers(float(tried), float(oom.capacity), float(free), 0.41 * GIB)
+    rec.lines(pod, t, w.vllm_oom_death(rec.start + t, engine_tag, numbers, []))
+
+
+def crash_death(rec: Recorder, pod: Pod, t: float, engine_tag: str) -> None:
+    """Log the engine's death by a CUDA illegal memory access (``recording_crashes``)."""
+    rec.lines(pod, t, crashes.illegal_address_death(rec.start + t, engine_tag))
+
+
+def stats(rec: Recorder, pod: Pod, t: float, engine: Engine, window_s: float) -> None:
+    """Log vLLM's periodic stats line; throughputs over ``window_s``, counters then reset."""
+    line = w.vllm_stats(
+        rec.start + t,
+        engine.prompt_tokens / window_s,
+        engine.generation_tokens / window_s,
+        len(engine.running),
+        len(engine.waiting),
+        engine.kv_usage(),
+        0.42,
+    )
+    engine.prompt_tokens = engine.generation_tokens = 0.0
+    rec.log(pod, t, line)
+
+
+def gauges(rec: Recorder, pod: Pod, t: float, engine: Engine, model: str) -> None:
+    """Add one scrape of vLLM's ``/metrics`` gauges of a serving pod."""
+    labels = {
+        "model_name": model,
+        "engine": "0",
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "instance": pod.addr,
+        "job": "vllm",
+    }
+    rec.sample(t, "vllm:kv_cache_usage_perc", engine.kv_usage(), labels)
+    rec.sample(t, "vllm:num_requests_running", len(engine.running), labels)
+    rec.sample(t, "vllm:num_requests_waiting", len(engine.waiting), labels)
+
+
+def framebuffer(rec: Recorder, pod: Pod, t: float, used_bytes: float) -> None:
+    """Add dcgm-exporter's FB_USED and FB_FREE of the pod's GPU (``recorder.scrape_fb``)."""
+    r.scrape_fb(rec, t, pod, used_bytes / MIB)
+
+
+def probe_failed(rec: Recorder, pod: Pod, t: float) -> None:
+    """Add the kubelet's readiness probe failure while the server is not listening yet."""
+    msg = (
+        f'Readiness probe failed: Get "http://{pod.addr}/health": dial tcp {pod.addr}: '
+        "connect: connection refused"
+    )
+    rec.event(t, pod, "Unhealthy", msg, warning=True)
+
+
+def killing(rec: Recorder, pod: Pod, t: float) -> None:
+    """Add the kubelet's Killing event of a deleted pod's container."""
+    rec.event(t, pod, "Killing", f"Stopping container {pod.container}")
+
+
+def access(
+    lb: tr.Ingress,
+    t: float,
+    who: tuple[str, str],
+    answer: tuple[int, float, str],
+    tried: list[tuple[str, str]],
+    upstream: str,
+    host: str,
+) -> None:
+    """Log one ingress-nginx access line (and its error line for an upstream failure).
+
+    ``answer``: (status, request seconds, nginx error text or ""); ``tried``: (pod address,
+    upstream status) per upstream tried, empty when nginx answered itself (503 without
+    endpoints, 429 from the rate limit).
+    """
+    status, seconds, error = answer
+    body = _BODY.get(status, 150)
+    if status == 200:
+        body = lb.rec.rng.randrange(600, 6000)
+    out = tr.Outcome(status, body, seconds, error)
+    up = tr.upstream_fields(upstream, tried, out) if tried else w.Upstream(upstream)
+    lb.who = who
+    lb.access(t, host, REQUEST, up, out)
+    lb.who = None
+
+
+_BODY = {400: 220, 429: 166, 502: 150, 503: 190, 504: 160}

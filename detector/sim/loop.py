@@ -1,0 +1,325 @@
+"""The closed loop: the model's streams through the real detector, its containment back.
+
+Every model step (the scenario's ``step_s``, 0.5 s by default), the model
+(``detector.sim.model.Endpoint``) advances and hands over the records it wrote, in the four
+streams' real formats; each goes through the production parser and the same
+``pipeline.Processor`` as ``detector run`` (correlate, record, contain), into a SQLite store
+of its own. Containment acts through the real actuators: the Kubernetes
+actuator patches the Deployment and evicts pods, the Envoy Gateway binding writes a
+BackendTrafficPolicy, all through the real ``kubernetes`` client against the local API
+stand-in (``detector.sim.kube_api``), whose writes ``detector.sim.cluster.SimCluster`` hands
+back to the model. There is no other path from the detector into the model.
+
+Containment modes: ``off`` (the detector watches; dry-run, nothing acts), ``on`` (the
+workload is armed and the runbook acts; a simulated on-call engineer approves each step
+waiting for a person ``approve_after_s`` after it asked, through the one decide flow), and
+``predictive`` (``on`` plus the gateway limit at ``suspected`` when the next-victim forecast
+says a survivor reaches its ceiling before a restarted pod could serve again).
+
+Event time 0 is ``START`` (Unix seconds), as in the bundled recordings; a person's decision is
+stamped with the simulated time at which it is made.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy.orm import Session
+
+from detector import db
+from detector.config import (
+    ContainmentSettings,
+    DatabaseSettings,
+    KubernetesSettings,
+    Settings,
+    SlackSettings,
+)
+from detector.errors import ParseError
+from detector.events.model import SourcePos
+from detector.notify import flows as notify_flows
+from detector.pipeline import Parsed, Processor, parse_checked
+from detector.postmortem.export import export_postmortem
+from detector.report.listing import list_incidents
+from detector.runbooks.flows import DecisionKind, DecisionRequest
+from detector.sim.cluster import SimCluster
+from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
+from detector.sim.model import Endpoint
+from detector.sim.scenario import Scenario
+
+FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
+APPROVER = "sim-oncall"
+
+
+class Containment(StrEnum):
+    """What the detector may do in a run: watch, act, or act early on the forecast."""
+
+    OFF = "off"
+    ON = "on"
+    PREDICTIVE = "predictive"
+
+
+START = 1_741_942_800.0  # 2025-03-14T09:00:00Z, as the bundled recordings: event time 0
+
+
+@dataclass(frozen=True)
+class SimOutcome:
+    """What happened in one run: the endpoint's figures and the detector's.
+
+    Times are seconds from the first GPU OOM (None when it did not happen): ``detect_s`` to
+    the incident's ``cascading`` stage (from the postmortem's detection milestones),
+    ``contain_s`` to the first write of the real actuators that reached the cluster,
+    ``recover_s`` until every replica serves again. ``actions`` are the writes the
+    Kubernetes API stand-in received (``METHOD path``), in order.
+    """
+
+    scenario: str
+    containment: Containment
+    seed: int
+    pods_total: int
+    pods_lost: int
+    victims: list[str]
+    requests: int
+    failed_requests: int
+    shed_requests: int
+    detect_s: float | None
+    contain_s: float | None
+    recover_s: float | None
+    incident: str | None
+    stage: str | None
+    actions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the outcome as JSON-ready data."""
+        return asdict(self)
+
+
+def sim_settings(base: Settings, scenario: Scenario, mode: Containment, work: Path) -> Settings:
+    """Return ``base`` with the simulation's store, cluster, gateway, arming and approver.
+
+    Slack is off (the console is the face); the correlation settings and the runbook stay the
+    caller's.
+    """
+    key = f"{scenario.namespace}/{scenario.workload}"
+    kube = KubernetesSettings(
+        kubeconfig=work / "kubeconfig",
+        rollout="unavailable",
+        http_routes={key: scenario.workload},
+        request_timeout_s=5.0,
+    )
+    containment = ContainmentSettings(
+        armed_workloads=[key] if mode is not Containment.OFF else [],
+        approvers=[APPROVER],
+        kubernetes=kube,
+        rate_limit_gateway="envoy-gateway",
+        predictive=mode is Containment.PREDICTIVE,
+    )
+    return base.model_copy(
+        update={
+            "database": DatabaseSettings(url=f"sqlite:///{work / 'sim.db'}"),
+            "dry_run": mode is Containment.OFF,
+            "containment": containment,
+            "slack": SlackSettings(),
+        }
+    )
+
+
+def simulate(
+    scenario: Scenario,
+    base: Settings,
+    *,
+    mode: Containment,
+    seed: int | None = None,
+    record: Path | None = None,
+    workdir: Path | None = None,
+    approve_after_s: float = 60.0,
+) -> SimOutcome:
+    """Run ``scenario`` in a closed loop with the detector and return its outcome.
+
+    ``record`` writes the streams as files ``detector replay`` reads (one per stream, the
+    model's file names); ``workdir`` keeps the store and kubeconfig (default: a temporary
+    directory removed at the end). Raises ConfigError/RunbookError/StoreError on bad setup.
+    """
+    with ExitStack() as stack:
+        work = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work.mkdir(parents=True, exist_ok=True)
+        kube = stack.enter_context(serving(KubeStandIn()))
+        write_kubeconfig(work, kube.url)
+        endpoint = Endpoint(scenario, start=START, seed=seed)
+        cluster = SimCluster(endpoint, kube, scenario)
+        settings = sim_settings(base, scenario, mode, work)
+        sinks = stack.enter_context(_sinks(record))
+        key = _run(endpoint, cluster, settings, sinks, approve_after_s)
+        return _outcome(endpoint, cluster, settings, key, mode, seed)
+
+
+def _run(
+    endpoint: Endpoint,
+    cluster: SimCluster,
+    settings: Settings,
+    sinks: Sinks | None,
+    approve_after_s: float,
+) -> str | None:
+    """Advance the model to its end, feeding the detector; return the cascade's incident key."""
+    processor = Processor.from_settings(settings)
+    db.upgrade(settings.database.url)
+    engine = db.make_engine(settings.database.url)
+    session = db.session_factory(engine)()
+    asked: dict[tuple[str, int], float] = {}  # (incident, position) -> when first seen waiting
+    lines: dict[str, int] = {}
+    duration, start, step = endpoint.scenario.duration_s, START, endpoint.scenario.step_s
+    next_finish, t = FINISH_EVERY_S, 0.0
+    try:
+        while t < duration:
+            t = min(t + step, duration)
+            cluster.sync()
+            endpoint.advance(t)
+            for name, _offset, text in endpoint.recorder.drain(t):
+                lines[name] = lines.get(name, 0) + 1
+                if sinks is not None:
+                    sinks.write(name, text)
+                processor.process(_parse(text, SourcePos(name, lines[name])), session)
+                cluster.apply()
+            if t >= next_finish:
+                next_finish += FINISH_EVERY_S
+                processor.finish(session)
+                cluster.apply()
+                _approve(session, settings, start + t, asked, approve_after_s)
+            session.commit()
+        processor.finish(session)
+        session.commit()
+        return _cascade_key(processor, session)
+    finally:
+        session.close()
+        engine.dispose()
+
+
+def _parse(text: str, source: SourcePos) -> Parsed:
+    """Parse one record as replay does (no year completion needed: every stamp is dated)."""
+    raw = text.encode()
+    try:
+        signals = parse_checked(raw, source, default_time=None, max_time=float("inf"))
+    except ParseError as exc:
+        return Parsed(0.0, source, raw, [], exc)
+    return Parsed(signals[0].time if signals else 0.0, source, raw, signals)
+
+
+def _approve(
+    session: Session,
+    settings: Settings,
+    now: float,
+    asked: dict[tuple[str, int], float],
+    after_s: float,
+) -> None:
+    """Approve, as the on-call engineer, each step that has waited ``after_s`` for a person."""
+    at = datetime.fromtimestamp(now, UTC)
+    for row in list_incidents(session=session, now=at):
+        for position in row.waiting:
+            since = asked.setdefault((row.key, position), now)
+            if now - since < after_s:
+                continue
+            request = DecisionRequest(
+                DecisionKind.APPROVE,
+                via="sim",
+                actor=APPROVER,
+                reason="simulated on-call",
+                incident=row.key,
+                step=str(position),
+            )
+            notify_flows.decide(
+                request,
+                session=session,
+                approvers=settings.containment.approvers,
+                slack=settings.slack,
+                now=now,
+            )
+
+
+def _cascade_key(processor: Processor, session: Session) -> str | None:
+    """Return the key of the first incident the run wrote (None: no incident)."""
+    return next(iter(processor.seen), None)
+
+
+def _outcome(
+    endpoint: Endpoint,
+    cluster: SimCluster,
+    settings: Settings,
+    key: str | None,
+    mode: Containment,
+    seed: int | None,
+) -> SimOutcome:
+    o, s = endpoint.outcome, endpoint.scenario
+    first = o.first_oom_at
+    milestones = _milestones(settings, key) if key is not None else {}
+
+    def since_first(at: float | None) -> float | None:
+        return None if first is None or at is None else round(at - first, 1)
+
+    return SimOutcome(
+        scenario=s.name,
+        containment=mode,
+        seed=s.seed if seed is None else seed,
+        pods_total=o.pods_total,
+        pods_lost=o.pods_lost,
+        victims=list(o.victims),
+        requests=o.requests,
+        failed_requests=o.failed_requests,
+        shed_requests=o.shed_requests,
+        detect_s=milestones.get("cascading"),
+        contain_s=since_first(cluster.writes[0][0] if cluster.writes else None),
+        recover_s=since_first(o.all_serving_at),
+        incident=key,
+        stage=milestones.get("stage"),
+        actions=[f"{r.method} {r.path}" for _, r in cluster.writes],
+    )
+
+
+def _milestones(settings: Settings, key: str) -> dict[str, Any]:
+    """Return the incident's stage and its detection milestones' delays from the postmortem."""
+    engine = db.make_engine(settings.database.url)
+    try:
+        with db.session_factory(engine)() as session:
+            export = export_postmortem(session=session, ref=key, fmt="json", settings=settings)
+    finally:
+        engine.dispose()
+    doc = json.loads(export.text)
+    out: dict[str, Any] = {m["milestone"]: m["delay_s"] for m in doc.get("detection") or []}
+    out["stage"] = (doc.get("incident") or {}).get("stage")
+    return out
+
+
+@contextmanager
+def _sinks(record: Path | None) -> Iterator[Sinks | None]:
+    """Yield the files of ``record`` (None: nothing is recorded); close them at the end."""
+    if record is None:
+        yield None
+        return
+    sinks = Sinks(record)
+    try:
+        yield sinks
+    finally:
+        for handle in sinks.files.values():
+            handle.close()
+
+
+@dataclass
+class Sinks:
+    """One file per stream under ``folder``, opened when its first record comes."""
+
+    folder: Path
+    files: dict[str, IO[str]] = field(default_factory=dict)
+
+    def write(self, name: str, text: str) -> None:
+        """Append one record (a line) to the stream's file."""
+        handle = self.files.get(name)
+        if handle is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle = self.files[name] = (self.folder / name).open("w", encoding="utf-8")
+        handle.write(text + "\n")

@@ -1,0 +1,177 @@
+"""The closed loop: the model's streams through the real detector, containment through the real
+actuators and the Kubernetes API stand-in back into the model.
+
+What it checks is the loop's wiring and the outcome's direction on the shipped scenarios with
+a fixed seed (the numbers of each run are deterministic; bench/bench_outcome.py measures them
+over several seeds): without containment the default cascade takes every pod; with it, the
+real Kubernetes actuator's Deployment patch and the Envoy Gateway policy reach the stand-in and
+change the model, and far fewer requests fail; a single oversized request is never escalated
+and nothing is shed. ``detector simulate --record`` writes streams that ``detector replay``
+reads to the same incident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from detector.config import Settings
+from detector.sim.cluster import SimCluster, engine_args, limit_rps
+from detector.sim.kube_api import KubeStandIn, Recorded
+from detector.sim.loop import Containment, SimOutcome, simulate
+from detector.sim.model import Endpoint
+from detector.sim.scenario import load_scenario
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[Containment, SimOutcome]:
+    """Run the default scenario once per containment mode (about 15 s each)."""
+    scenario = load_scenario("default")
+    return {m: simulate(scenario, Settings(), mode=m, seed=SEED) for m in Containment}
+
+
+def test_without_containment_the_default_cascade_takes_every_pod(
+    outcomes: dict[Containment, SimOutcome],
+) -> None:
+    off = outcomes[Containment.OFF]
+    assert off.pods_lost == off.pods_total == 4
+    assert off.detect_s is not None and off.detect_s < 60  # cascading, seen from the streams
+    assert off.actions == [] and off.shed_requests == 0  # dry-run: nothing reached the cluster
+
+
+@pytest.mark.parametrize("mode", [Containment.ON, Containment.PREDICTIVE])
+def test_containment_reaches_the_cluster_and_halves_the_failed_requests(
+    outcomes: dict[Containment, SimOutcome], mode: Containment
+) -> None:
+    off, contained = outcomes[Containment.OFF], outcomes[mode]
+    policies = "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/llm/backendtrafficpolicies"
+    assert any(a.startswith(f"POST {policies}") for a in contained.actions), contained.actions
+    assert contained.shed_requests > 0
+    assert contained.failed_requests <= off.failed_requests / 2
+    assert contained.pods_lost < off.pods_lost
+
+
+def test_predictive_containment_acts_at_the_first_victim(
+    outcomes: dict[Containment, SimOutcome],
+) -> None:
+    on, predictive = outcomes[Containment.ON], outcomes[Containment.PREDICTIVE]
+    assert predictive.contain_s is not None and on.contain_s is not None
+    assert predictive.contain_s < 5 < on.contain_s
+
+
+def test_a_single_oversized_request_is_never_a_cascade() -> None:
+    scenario = load_scenario("single-oversized")
+    outcome = simulate(scenario, Settings(), mode=Containment.ON, seed=SEED)
+    assert outcome.pods_lost == 1
+    assert outcome.detect_s is None and outcome.stage != "cascading"
+    assert outcome.shed_requests == 0 and outcome.actions == []
+
+
+# -- the stand-in's writes reach the model ----------------------------------------------------
+
+
+def test_a_deployment_patch_and_a_policy_change_the_model() -> None:
+    scenario = load_scenario("default")
+    endpoint = Endpoint(scenario, start=0.0, seed=SEED)
+    kube = KubeStandIn()
+    cluster = SimCluster(endpoint, kube, scenario)
+    endpoint.advance(60.0)
+    cluster.sync()
+    path = cluster.deployment_path
+    body = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": [
+        "--model", scenario.model.name, "--max-num-seqs=13", "--max-model-len=32768",
+    ]}]}}}}  # fmt: skip
+    _send(kube, "PATCH", path, body)
+    policy = {
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "BackendTrafficPolicy",
+        "metadata": {"name": "vllm-llama-detector-rate-limit", "namespace": "llm"},
+        "spec": {"rateLimit": {"type": "Local", "local": {"rules": [
+            {"limit": {"requests": 6, "unit": "Second"}}]}}},
+    }  # fmt: skip
+    policies = "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/llm/backendtrafficpolicies"
+    _send(kube, "POST", policies, policy)
+    cluster.apply()
+    assert endpoint.deployment_args()["max-num-seqs"] == 13
+    assert endpoint.gateway.rps == 6.0
+    assert [w.method for _, w in cluster.writes] == ["PATCH", "POST"]
+
+
+def test_an_eviction_replaces_the_pod_in_the_model() -> None:
+    scenario = load_scenario("default")
+    endpoint = Endpoint(scenario, start=0.0, seed=SEED)
+    kube = KubeStandIn()
+    cluster = SimCluster(endpoint, kube, scenario)
+    endpoint.advance(60.0)
+    cluster.sync()
+    victim = endpoint.pods()[0].name
+    path = f"/api/v1/namespaces/llm/pods/{victim}/eviction"
+    status, _ = _send(kube, "POST", path, {"kind": "Eviction"})
+    assert status == 201
+    cluster.apply()
+    cluster.sync()
+    names = [p.name for p in endpoint.pods()]
+    assert victim not in names and len(names) == 4
+    assert kube.get(f"/api/v1/namespaces/llm/pods/{names[-1]}") is not None
+
+
+def test_engine_args_and_policy_rates_read_both_forms() -> None:
+    assert engine_args(["--max-num-seqs", "13", "--max-model-len=32768", "--enforce-eager"]) == {
+        "max-num-seqs": 13,
+        "max-model-len": 32768,
+    }
+    rule = {"limit": {"requests": 120, "unit": "Minute"}}
+    policy = {"spec": {"rateLimit": {"type": "Local", "local": {"rules": [rule]}}}}
+    assert limit_rps(policy, replicas=2) == 4.0
+    assert limit_rps(None) is None
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_simulate_records_streams_that_replay_reads(tmp_path: Path) -> None:
+    record = tmp_path / "streams"
+    done = _cli("simulate", "single-oversized", "--containment", "off", "--json",
+                "--seed", str(SEED), "--record", str(record))  # fmt: skip
+    outcome = json.loads(done.stdout)
+    assert outcome["pods_lost"] == 1 and outcome["incident"] is not None
+    files = sorted(p.name for p in record.iterdir())
+    assert files == ["container-logs.jsonl", "gpu-metrics.jsonl", "k8s-events.jsonl",
+                     "lb-access.jsonl"]  # fmt: skip
+    replayed = _cli("replay", "--json", "--db", f"sqlite:///{tmp_path / 'r.db'}", str(record))
+    (incident,) = json.loads(replayed.stdout)["incidents"]
+    assert incident["key"] == outcome["incident"]
+
+
+def test_an_unknown_scenario_is_one_line_and_exit_2() -> None:
+    done = _cli("simulate", "no-such-scenario", check=False)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "default" in done.stderr
+
+
+def _send(kube: KubeStandIn, method: str, path: str, body: Any) -> tuple[int, Any]:
+    """Hand one request to the stand-in as its HTTP handler does, hooks included."""
+    request = Recorded(method, path, {}, "application/strategic-merge-patch+json", body)
+    status, answer = kube.handle(request)
+    for hook in kube.hooks:
+        hook(request)
+    return status, answer
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETECTOR_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "detector", *args],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
