@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: demo test lint services bench bench-kafka bench-storm fuzz clean
+.PHONY: demo test lint services bench bench-kafka bench-storm bench-outcome fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,9 @@ bench-kafka: $(STAMP)
 
 bench-storm: $(STAMP)
 	$(BIN)/python bench/bench_storm.py
+
+bench-outcome: $(STAMP)
+	$(BIN)/python bench/bench_outcome.py
 
 fuzz: $(STAMP)
 	$(BIN)/python -m detector.lab.fuzz --records 100000

@@ -1,23 +1,22 @@
-"""The simulated cluster as the Kubernetes API shows it, and what the API's writes change.
+"""The simulated cluster as its APIs show it, and what the detector's writes change.
 
 ``SimCluster`` keeps the stand-in API server's objects (``detector.sim.kube_api``) in step
 with the model: one Deployment whose container args are the engine's ceilings, its pods
 (owned by the ReplicaSet of the template hash, with phase, Ready condition, restart count and
-CrashLoopBackOff as the kubelet reports them), and the HTTPRoute's BackendTrafficPolicy once
-someone creates it. The detector's real actuators call that server through the real
-``kubernetes`` client; after each call, the server's hook notes what was written, and
-``apply`` hands it to the model at the simulated moment:
+CrashLoopBackOff as the kubelet reports them). The detector's real actuators call that server
+through the real ``kubernetes`` client, and write the gateway's nginx include files
+(``detector.sim.gateway``); ``apply`` hands what was written to the model at the simulated
+moment:
 
 - a Deployment patch whose container args changed -> ``Endpoint.set_deployment_args`` (a
   rolling update, one pod at a time);
 - a pod evicted or deleted -> ``Endpoint.evict`` (its ReplicaSet replaces it);
-- a BackendTrafficPolicy created, changed or deleted -> ``Endpoint.set_gateway_limit`` (the
-  local limit x the Envoy replicas, per second; none when deleted).
+- the nginx include files changed -> ``Endpoint.set_gateway_limit`` (rate, burst, requests
+  in progress; none when they hold no limit).
 
 A dry-run request changes nothing. Object shapes:
 https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/deployment-v1/ ,
-https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/ ,
-https://gateway.envoyproxy.io/docs/api/extension_types/#backendtrafficpolicy .
+https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/ .
 """
 
 from __future__ import annotations
@@ -26,13 +25,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, Recorded
 from detector.sim.model import Endpoint, PodView
 from detector.sim.scenario import Scenario
+from detector.sim.traffic import GatewayLimit
 
 CONTAINER = "vllm"
-POLICIES = "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/{ns}/backendtrafficpolicies"
-UNIT_S = {"Second": 1.0, "Minute": 60.0, "Hour": 3600.0, "Day": 86400.0}
 
 
 def engine_args(args: list[str]) -> dict[str, int]:
@@ -53,31 +52,20 @@ def engine_args(args: list[str]) -> dict[str, int]:
     return out
 
 
-def limit_rps(policy: dict[str, Any] | None, replicas: int = 1) -> float | None:
-    """Return the aggregate requests per second a BackendTrafficPolicy lets through, or None.
-
-    A Local limit counts in each Envoy replica: ``requests`` per ``unit`` x ``replicas``.
-    """
-    rules = (((policy or {}).get("spec") or {}).get("rateLimit") or {}).get("local") or {}
-    limits = [r.get("limit") or {} for r in rules.get("rules") or []]
-    rates = [float(x["requests"]) / UNIT_S[x.get("unit", "Second")] for x in limits if x]
-    return min(rates) * replicas if rates else None
-
-
 @dataclass
 class SimCluster:
     """The API objects of one simulated workload, synced from and written back to the model.
 
-    ``writes`` are the requests that changed something, with the model's offset (seconds) when
-    they took effect, in order (what the actuators did); ``envoy_replicas`` is how many Envoy
-    proxies count a local limit each.
+    ``writes`` are what changed the model, ``(offset seconds, "METHOD path")`` for an API
+    request and ``(offset, "nginx: limit ...")`` for the gateway, in order: what the actuators
+    did.
     """
 
     endpoint: Endpoint
     kube: KubeStandIn
+    gateway: NginxStandIn
     scenario: Scenario
-    envoy_replicas: int = 1
-    writes: list[tuple[float, Recorded]] = field(default_factory=list)
+    writes: list[tuple[float, str]] = field(default_factory=list)
     _pending: list[Recorded] = field(default_factory=list)
     _pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> last put
     _generation: int = 1
@@ -107,7 +95,11 @@ class SimCluster:
         pending, self._pending = self._pending, []
         for request in pending:
             if self._apply(request):
-                self.writes.append((self.endpoint.now, request))
+                self.writes.append((self.endpoint.now, f"{request.method} {request.path}"))
+        if self.gateway.changed():
+            limit = self.gateway.limit()
+            self.endpoint.set_gateway_limit(limit)
+            self.writes.append((self.endpoint.now, f"nginx: {_describe(limit)}"))
 
     def _apply(self, request: Recorded) -> bool:
         path = request.path.removesuffix("/eviction")
@@ -124,13 +116,6 @@ class SimCluster:
                 return False  # refused (a precondition or a budget): nothing happened
             self._pods.pop(path, None)
             return self.endpoint.evict(path.rsplit("/", 1)[-1])
-        policies = POLICIES.format(ns=self.scenario.namespace)
-        if path == policies or path.startswith(f"{policies}/"):
-            name = path.removeprefix(policies).strip("/")
-            name = name or ((request.body or {}).get("metadata") or {}).get("name", "")
-            policy = self.kube.get(f"{policies}/{name}")
-            self.endpoint.set_gateway_limit(limit_rps(policy, self.envoy_replicas))
-            return True
         return False
 
     def sync(self) -> None:
@@ -222,6 +207,13 @@ class SimCluster:
             },
             "status": status,
         }
+
+
+def _describe(limit: GatewayLimit | None) -> str:
+    if limit is None:
+        return "no limit"
+    conn = f", limit_conn {limit.connections}" if limit.connections is not None else ""
+    return f"limit_req {limit.rps:g} r/s burst {limit.burst}{conn}"
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:

@@ -5,10 +5,11 @@ Every model step (the scenario's ``step_s``, 0.5 s by default), the model
 streams' real formats; each goes through the production parser and the same
 ``pipeline.Processor`` as ``detector run`` (correlate, record, contain), into a SQLite store
 of its own. Containment acts through the real actuators: the Kubernetes
-actuator patches the Deployment and evicts pods, the Envoy Gateway binding writes a
-BackendTrafficPolicy, all through the real ``kubernetes`` client against the local API
-stand-in (``detector.sim.kube_api``), whose writes ``detector.sim.cluster.SimCluster`` hands
-back to the model. There is no other path from the detector into the model.
+actuator patches the Deployment and evicts pods through the real ``kubernetes`` client against
+the local API stand-in (``detector.sim.kube_api``), and the plain-nginx actuator writes the
+gateway's ``limit_req``/``limit_conn`` include files (``detector.sim.gateway``: an aggregate
+rate and concurrency bound, 429 beyond); ``detector.sim.cluster.SimCluster`` hands both back to
+the model. There is no other path from the detector into the model.
 
 Containment modes: ``off`` (the detector watches; dry-run, nothing acts), ``on`` (the
 workload is armed and the runbook acts; a simulated on-call engineer approves each step
@@ -50,6 +51,7 @@ from detector.postmortem.export import export_postmortem
 from detector.report.listing import list_incidents
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.sim.cluster import SimCluster
+from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
 from detector.sim.model import Endpoint
 from detector.sim.scenario import Scenario
@@ -76,8 +78,8 @@ class SimOutcome:
     Times are seconds from the first GPU OOM (None when it did not happen): ``detect_s`` to
     the incident's ``cascading`` stage (from the postmortem's detection milestones),
     ``contain_s`` to the first write of the real actuators that reached the cluster,
-    ``recover_s`` until every replica serves again. ``actions`` are the writes the
-    Kubernetes API stand-in received (``METHOD path``), in order.
+    ``recover_s`` until every replica serves again. ``actions`` are those writes, in order:
+    ``METHOD path`` for the Kubernetes API, ``nginx: ...`` for the gateway's limit.
     """
 
     scenario: str
@@ -101,7 +103,9 @@ class SimOutcome:
         return asdict(self)
 
 
-def sim_settings(base: Settings, scenario: Scenario, mode: Containment, work: Path) -> Settings:
+def sim_settings(
+    base: Settings, scenario: Scenario, mode: Containment, work: Path, gateway: NginxStandIn
+) -> Settings:
     """Return ``base`` with the simulation's store, cluster, gateway, arming and approver.
 
     Slack is off (the console is the face); the correlation settings and the runbook stay the
@@ -109,16 +113,14 @@ def sim_settings(base: Settings, scenario: Scenario, mode: Containment, work: Pa
     """
     key = f"{scenario.namespace}/{scenario.workload}"
     kube = KubernetesSettings(
-        kubeconfig=work / "kubeconfig",
-        rollout="unavailable",
-        http_routes={key: scenario.workload},
-        request_timeout_s=5.0,
+        kubeconfig=work / "kubeconfig", rollout="unavailable", request_timeout_s=5.0
     )
     containment = ContainmentSettings(
         armed_workloads=[key] if mode is not Containment.OFF else [],
         approvers=[APPROVER],
         kubernetes=kube,
-        rate_limit_gateway="envoy-gateway",
+        nginx=gateway.settings(),
+        rate_limit_gateway="nginx",
         predictive=mode is Containment.PREDICTIVE,
     )
     return base.model_copy(
@@ -153,8 +155,9 @@ def simulate(
         kube = stack.enter_context(serving(KubeStandIn()))
         write_kubeconfig(work, kube.url)
         endpoint = Endpoint(scenario, start=START, seed=seed)
-        cluster = SimCluster(endpoint, kube, scenario)
-        settings = sim_settings(base, scenario, mode, work)
+        gateway = NginxStandIn(work / "nginx")
+        cluster = SimCluster(endpoint, kube, gateway, scenario)
+        settings = sim_settings(base, scenario, mode, work, gateway)
         sinks = stack.enter_context(_sinks(record))
         key = _run(endpoint, cluster, settings, sinks, approve_after_s)
         return _outcome(endpoint, cluster, settings, key, mode, seed)
@@ -277,7 +280,7 @@ def _outcome(
         recover_s=since_first(o.all_serving_at),
         incident=key,
         stage=milestones.get("stage"),
-        actions=[f"{r.method} {r.path}" for _, r in cluster.writes],
+        actions=[what for _, what in cluster.writes],
     )
 
 

@@ -27,7 +27,7 @@ from detector.sim import emit
 from detector.sim.engine import Sequence
 from detector.sim.pods import Fleet, SimPod, State, Template
 from detector.sim.scenario import Scenario
-from detector.sim.traffic import Arrivals, Balancer, Client, Gateway
+from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
 
 STATS_EVERY_S = 10.0  # vLLM's stats line
 GAUGES_EVERY_S = 15.0  # Prometheus scrape of vLLM
@@ -161,9 +161,9 @@ class Endpoint:
         self.fleet.delete(sim, self.now)
         return True
 
-    def set_gateway_limit(self, rps: float | None) -> None:
-        """Set the aggregate 429 limit in requests per second (None: lifted)."""
-        self.gateway.set(rps, self.now)
+    def set_gateway_limit(self, limit: GatewayLimit | None) -> None:
+        """Set the gateway's aggregate 429 limit: rate and requests in progress (None: lifted)."""
+        self.gateway.set(limit, self.now)
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class Endpoint:
         """Route one request: gateway limit, balancer, then a pod's engine or nginx's answer."""
         client.attempt += 1
         self.outcome.requests += 1
-        if not self.gateway.allow(t):
+        if not self.gateway.allow(t, len(self.inflight)):
             self._answer(t, client, t, 429, [])
             return
         endpoints = self._endpoints(t)

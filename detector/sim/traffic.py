@@ -5,8 +5,8 @@ knots) plus its bursts, with prompt lengths from a heavy-tailed mix (lognormal p
 https://arxiv.org/abs/2309.06180 fig. 11 shows the long tails of real prompt lengths), plus
 one-off requests. A client whose request fails (5xx or 429) retries after
 ``backoff_s x 2^k x U(0.5, 1)`` up to ``max_attempts`` in all, as the OpenAI and httpx retry
-clients do; each retry is a new request. The gateway limit is a token bucket over all arrivals
-(``rps`` tokens a second, one second of burst), answering 429 above it. The balancer picks a
+clients do; each retry is a new request. The gateway limit is nginx's aggregate ``limit_req``
+and ``limit_conn`` (``Gateway``), answering 429 above either. The balancer picks a
 Ready endpoint round robin (ingress-nginx's default) or by fewest requests in flight.
 """
 
@@ -99,30 +99,55 @@ class Arrivals:
         heapq.heappush(self.retries, (t + wait * self.rng.uniform(0.5, 1.0), self._seq, client))
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayLimit:
+    """An aggregate gateway limit as nginx enforces it: ``limit_req`` at ``rps`` with ``burst``
+    requests above the rate served at once (``nodelay``), and ``limit_conn`` at
+    ``connections`` requests in progress (None: no concurrency limit); 429 beyond either."""
+
+    rps: float
+    burst: int = 0
+    connections: int | None = None
+
+
 @dataclass(slots=True)
 class Gateway:
-    """A token bucket over all arrivals: ``rps`` a second, a burst of one second's worth."""
+    """nginx's leaky bucket over all arrivals, one key (the aggregate), and its in-progress cap.
 
-    rps: float | None = None
-    tokens: float = 0.0
-    last: float = 0.0
+    ``limit_req ... nodelay``: a request passes while the bucket's excess, drained at ``rps``,
+    stays within ``burst`` (the first request of the key is free), so a tight burst of N over
+    D seconds gets at most 1 + burst + floor(rps x D) through
+    (https://nginx.org/en/docs/http/ngx_http_limit_req_module.html). ``limit_conn``: a request
+    passes while fewer than ``connections`` are in progress
+    (https://nginx.org/en/docs/http/ngx_http_limit_conn_module.html).
+    """
 
-    def set(self, rps: float | None, t: float) -> None:
-        """Set (or lift, with None) the limit at ``t``; the bucket starts full."""
-        self.rps, self.last = rps, t
-        self.tokens = max(1.0, rps) if rps is not None else 0.0
+    limit: GatewayLimit | None = None
+    excess: float = 0.0
+    last: float | None = None  # None: the key has no state yet (its first request is free)
 
-    def allow(self, t: float) -> bool:
-        """Return whether a request at ``t`` passes (taking a token), False for a 429."""
-        if self.rps is None:
+    def set(self, limit: GatewayLimit | None, t: float) -> None:
+        """Set (or lift, with None) the limit at ``t``; the key starts with no state."""
+        self.limit, self.excess, self.last = limit, 0.0, None
+
+    def allow(self, t: float, in_progress: int = 0) -> bool:
+        """Return whether a request at ``t`` passes, False for a 429 (a 429 changes nothing).
+
+        nginx's ``ngx_http_limit_req_lookup``: excess = previous excess - rate x elapsed + 1,
+        at least 0; over ``burst`` is rejected.
+        """
+        limit = self.limit
+        if limit is None:
             return True
-        burst = max(1.0, self.rps)
-        self.tokens = min(burst, self.tokens + (t - self.last) * self.rps)
-        self.last = max(self.last, t)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
+        if limit.connections is not None and in_progress >= limit.connections:
+            return False
+        if self.last is not None:
+            excess = max(0.0, self.excess - (t - self.last) * limit.rps + 1.0)
+            if excess > limit.burst + 1e-9:
+                return False
+            self.excess = excess
+        self.last = t
+        return True
 
 
 T = TypeVar("T")

@@ -4,8 +4,9 @@ actuators and the Kubernetes API stand-in back into the model.
 What it checks is the loop's wiring and the outcome's direction on the shipped scenarios with
 a fixed seed (the numbers of each run are deterministic; bench/bench_outcome.py measures them
 over several seeds): without containment the default cascade takes every pod; with it, the
-real Kubernetes actuator's Deployment patch and the Envoy Gateway policy reach the stand-in and
-change the model, and far fewer requests fail; a single oversized request is never escalated
+real Kubernetes actuator's Deployment patch and the nginx actuator's limit reach the stand-ins
+and change the model, and far fewer requests fail (predictive containment stops the cascade at
+its first victim); a single oversized request is never escalated
 and nothing is shed. ``detector simulate --record`` writes streams that ``detector replay``
 reads to the same incident.
 """
@@ -21,12 +22,15 @@ from typing import Any
 
 import pytest
 
+from detector.actuators.nginx.config import RateLimit, render_http, render_location
 from detector.config import Settings
-from detector.sim.cluster import SimCluster, engine_args, limit_rps
+from detector.sim.cluster import SimCluster, engine_args
+from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, Recorded
 from detector.sim.loop import Containment, SimOutcome, simulate
 from detector.sim.model import Endpoint
 from detector.sim.scenario import load_scenario
+from detector.sim.traffic import GatewayLimit
 
 SEED = 7
 
@@ -52,8 +56,7 @@ def test_containment_reaches_the_cluster_and_halves_the_failed_requests(
     outcomes: dict[Containment, SimOutcome], mode: Containment
 ) -> None:
     off, contained = outcomes[Containment.OFF], outcomes[mode]
-    policies = "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/llm/backendtrafficpolicies"
-    assert any(a.startswith(f"POST {policies}") for a in contained.actions), contained.actions
+    assert any(a.startswith("nginx: limit_req") for a in contained.actions), contained.actions
     assert contained.shed_requests > 0
     assert contained.failed_requests <= off.failed_requests / 2
     assert contained.pods_lost < off.pods_lost
@@ -65,6 +68,8 @@ def test_predictive_containment_acts_at_the_first_victim(
     on, predictive = outcomes[Containment.ON], outcomes[Containment.PREDICTIVE]
     assert predictive.contain_s is not None and on.contain_s is not None
     assert predictive.contain_s < 5 < on.contain_s
+    assert predictive.pods_lost == 1 and predictive.detect_s is None  # never cascading
+    assert predictive.actions[0].startswith("nginx: limit_req")
 
 
 def test_a_single_oversized_request_is_never_a_cascade() -> None:
@@ -78,38 +83,34 @@ def test_a_single_oversized_request_is_never_a_cascade() -> None:
 # -- the stand-in's writes reach the model ----------------------------------------------------
 
 
-def test_a_deployment_patch_and_a_policy_change_the_model() -> None:
+def test_a_deployment_patch_and_the_nginx_limit_change_the_model(tmp_path: Path) -> None:
     scenario = load_scenario("default")
-    endpoint = Endpoint(scenario, start=0.0, seed=SEED)
-    kube = KubeStandIn()
-    cluster = SimCluster(endpoint, kube, scenario)
+    endpoint, kube = Endpoint(scenario, start=0.0, seed=SEED), KubeStandIn()
+    gateway = NginxStandIn(tmp_path)
+    cluster = SimCluster(endpoint, kube, gateway, scenario)
     endpoint.advance(60.0)
     cluster.sync()
-    path = cluster.deployment_path
     body = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": [
         "--model", scenario.model.name, "--max-num-seqs=13", "--max-model-len=32768",
     ]}]}}}}  # fmt: skip
-    _send(kube, "PATCH", path, body)
-    policy = {
-        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
-        "kind": "BackendTrafficPolicy",
-        "metadata": {"name": "vllm-llama-detector-rate-limit", "namespace": "llm"},
-        "spec": {"rateLimit": {"type": "Local", "local": {"rules": [
-            {"limit": {"requests": 6, "unit": "Second"}}]}}},
-    }  # fmt: skip
-    policies = "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/llm/backendtrafficpolicies"
-    _send(kube, "POST", policies, policy)
+    _send(kube, "PATCH", cluster.deployment_path, body)
+    limit = RateLimit(zone="detector_llm_vllm_llama", rate_per_min=534, connections=39)
+    gateway.http_include.write_text(render_http(limit), encoding="utf-8")
+    gateway.location_include.write_text(render_location(limit), encoding="utf-8")
     cluster.apply()
     assert endpoint.deployment_args()["max-num-seqs"] == 13
-    assert endpoint.gateway.rps == 6.0
-    assert [w.method for _, w in cluster.writes] == ["PATCH", "POST"]
+    assert endpoint.gateway.limit == GatewayLimit(rps=8.9, burst=0, connections=39)
+    assert [what.split(" ")[0] for _, what in cluster.writes] == ["PATCH", "nginx:"]
+    gateway.location_include.write_text(render_location(None), encoding="utf-8")
+    cluster.apply()
+    assert endpoint.gateway.limit is None
 
 
-def test_an_eviction_replaces_the_pod_in_the_model() -> None:
+def test_an_eviction_replaces_the_pod_in_the_model(tmp_path: Path) -> None:
     scenario = load_scenario("default")
     endpoint = Endpoint(scenario, start=0.0, seed=SEED)
     kube = KubeStandIn()
-    cluster = SimCluster(endpoint, kube, scenario)
+    cluster = SimCluster(endpoint, kube, NginxStandIn(tmp_path), scenario)
     endpoint.advance(60.0)
     cluster.sync()
     victim = endpoint.pods()[0].name
@@ -123,15 +124,11 @@ def test_an_eviction_replaces_the_pod_in_the_model() -> None:
     assert kube.get(f"/api/v1/namespaces/llm/pods/{names[-1]}") is not None
 
 
-def test_engine_args_and_policy_rates_read_both_forms() -> None:
+def test_engine_args_read_both_forms() -> None:
     assert engine_args(["--max-num-seqs", "13", "--max-model-len=32768", "--enforce-eager"]) == {
         "max-num-seqs": 13,
         "max-model-len": 32768,
     }
-    rule = {"limit": {"requests": 120, "unit": "Minute"}}
-    policy = {"spec": {"rateLimit": {"type": "Local", "local": {"rules": [rule]}}}}
-    assert limit_rps(policy, replicas=2) == 4.0
-    assert limit_rps(None) is None
 
 
 # -- the CLI ------------------------------------------------------------------------------------

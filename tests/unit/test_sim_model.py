@@ -23,7 +23,7 @@ from detector.sim.engine import Engine, Sequence, physics
 from detector.sim.model import Endpoint
 from detector.sim.pods import BACKOFF_RESET_S, next_backoff
 from detector.sim.scenario import Scenario, load_scenario, scenario_names
-from detector.sim.traffic import Arrivals, Balancer, Client, Gateway
+from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
 
 START = 1741942800.0
 ARGS = {"max-num-seqs": 256, "max-num-batched-tokens": 8192, "max-model-len": 32768}
@@ -172,12 +172,14 @@ def test_a_dying_pods_requests_in_flight_get_502_with_its_address() -> None:
 
 def test_the_gateway_limit_sheds_with_429_above_its_rate() -> None:
     gateway = Gateway()
-    gateway.set(5.0, 0.0)
+    gateway.set(GatewayLimit(5.0), 0.0)
     allowed = sum(gateway.allow(i / 20) for i in range(200))  # 20 a second for 10 s
-    assert 50 <= allowed <= 56  # 5 a second plus the one-second bucket
+    assert allowed == 50  # nginx, burst 0: one every 1/rate s from the first
+    gateway.set(GatewayLimit(5.0, burst=10), 0.0)
+    assert sum(gateway.allow(0.0) for _ in range(20)) == 1 + 10  # a tight burst: 1 + burst
     ep = Endpoint(_quiet(), start=START)
     ep.advance(60)
-    ep.set_gateway_limit(1.0)
+    ep.set_gateway_limit(GatewayLimit(1.0))
     ep.advance(120)
     shed = ep.outcome.shed_requests
     assert shed > 100 and ep.outcome.failed_requests == 0
@@ -185,6 +187,12 @@ def test_the_gateway_limit_sheds_with_429_above_its_rate() -> None:
     ep.set_gateway_limit(None)
     ep.advance(150)
     assert ep.outcome.shed_requests == shed
+
+
+def test_the_gateway_connection_limit_sheds_what_is_over_the_requests_in_progress() -> None:
+    gateway = Gateway()
+    gateway.set(GatewayLimit(1000.0, burst=1000, connections=3), 0.0)
+    assert [gateway.allow(0.0, in_progress=n) for n in range(5)] == [True] * 3 + [False] * 2
 
 
 def test_a_failed_client_retries_with_back_off_as_new_requests_up_to_its_attempts() -> None:
