@@ -6,6 +6,7 @@ Environment variables use the prefix ``DETECTOR_`` and ``__`` for nesting, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -48,6 +49,12 @@ class CorrelateSettings(BaseModel):
     quiet_s: float = Field(300.0, gt=0, description="contained this long: resolved")
     oom_dedupe_s: float = Field(30.0, ge=0, description="one pod's OOM lines this close: one death")
     max_evidence_per_kind: int = Field(50, gt=0, description="evidence kept per kind and incident")
+    forecast_window_s: float = Field(
+        120.0, gt=0, description="recent pressure a survivor's next-victim trend is fitted on"
+    )
+    forecast_horizon_s: float = Field(
+        300.0, gt=0, description="a survivor forecast to reach its ceiling later is not named"
+    )
 
 
 class KafkaSettings(BaseModel):
@@ -74,9 +81,51 @@ class KafkaSettings(BaseModel):
     reorder_max_hold_s: float = Field(
         2.0, gt=0, description="longest wait without a release before held records go through"
     )
+    bootstrap_timeout_ms: int = Field(
+        5000, gt=0, description="how long a client waits for the first broker answer at start"
+    )
     rebuild_max_records: int = Field(
         100_000, gt=0, description="records re-read per partition when time lookup is unusable"
     )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        bad = [s for s in value.split(",") if not s.strip() or s.startswith(":")]
+        if bad or not value:
+            raise ValueError(f"bootstrap servers are host:port,... (got {value!r})")
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one topic")
+        return [check_topic(t) for t in value]
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_topic(cls, value: str) -> str:
+        return check_topic(value)
+
+
+TOPIC_MAX_CHARS = 249
+TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def check_topic(name: str) -> str:
+    """Return ``name`` if Kafka accepts it as a topic name; raise ValueError saying why not.
+
+    Kafka's rule (``org.apache.kafka.common.internals.Topic.validate``): 1 to 249 characters
+    of ASCII letters, digits, ``.``, ``_`` and ``-``, and not ``.`` or ``..``.
+    """
+    if not name:
+        raise ValueError("a topic name cannot be empty")
+    if name in (".", "..") or len(name) > TOPIC_MAX_CHARS or not set(name) <= TOPIC_CHARS:
+        raise ValueError(
+            f"{name[:60]!r} is not a Kafka topic name (1-{TOPIC_MAX_CHARS} of a-z A-Z 0-9 . _ -)"
+        )
+    return name
 
 
 class NginxGatewaySettings(BaseModel):
@@ -286,7 +335,11 @@ class ContainmentSettings(BaseModel):
     ``detector arm`` (a database flag; ``detector disarm`` overrides this list). ``kill_switch``
     holds every actuator call (apply, restart, lift, rollback); ``detector kill-switch on``
     does the same from the database. Approvers are the names allowed to approve or deny a step
-    (``detector approve --as NAME``, or the owner of an API token).
+    (``detector approve --as NAME``, or the owner of an API token). ``predictive``
+    (``DETECTOR_CONTAINMENT__PREDICTIVE=true``): the gateway limit goes on at ``suspected``
+    when the next-victim forecast says a survivor reaches its ceiling before a restarted pod
+    can serve again (``restart_ready_s`` when the evidence does not tell;
+    detector.runbooks.predictive); every rail of a step still holds.
     """
 
     armed_workloads: list[str] = Field(
@@ -307,6 +360,18 @@ class ContainmentSettings(BaseModel):
     )
     batch_ceiling_target: BatchCeilingTarget | None = Field(
         None, description="what lower_batch_ceiling drives (None: the one configured)"
+    )
+    predictive: bool = Field(
+        False,
+        description="apply the gateway limit at `suspected` when a survivor is forecast to "
+        "reach its ceiling before a restarted pod can serve again",
+    )
+    restart_ready_s: float = Field(
+        130.0,
+        gt=0,
+        description="how long a restarted pod needs to serve again when the evidence shows "
+        "neither a restart nor a model load: 120 s of load + the first CrashLoopBackOff "
+        "back-off, 10 s",
     )
 
     @field_validator("armed_workloads")
@@ -478,10 +543,33 @@ class Settings(BaseSettings):
 
 
 class UpstreamMapping(BaseModel):
-    """Maps a load-balancer upstream name to the workload behind it."""
+    """Maps a load-balancer upstream name to the workload behind it.
+
+    ``namespace`` is a Kubernetes namespace (an RFC 1123 label), ``workload`` the name of its
+    Deployment or other controller (an RFC 1123 subdomain):
+    https://kubernetes.io/docs/concepts/overview/working-with-objects/names/
+    """
 
     namespace: str
     workload: str
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if len(value) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value):
+            raise ValueError(
+                f"{value[:70]!r} is not a namespace name (1-63 of a-z 0-9 -, e.g. llm)"
+            )
+        return value
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: str) -> str:
+        if len(value) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
+            raise ValueError(
+                f"{value[:70]!r} is not a workload name (1-253 of a-z 0-9 - ., e.g. vllm-llama)"
+            )
+        return value
 
 
 class WorkloadMap(BaseModel):
@@ -502,5 +590,26 @@ def load_workload_map(path: Path | None) -> WorkloadMap:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return WorkloadMap.model_validate(data)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"workload mapping {path}: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"workload mapping {path}: {validation_problems(exc)}") from exc
+
+
+def validation_problems(exc: ValidationError, env_prefix: str = "") -> str:
+    """Return the problems of ``exc`` in one line as ``field: message; ...``, never the values.
+
+    With ``env_prefix`` (``DETECTOR_``) a field is named as its environment variable
+    (``DETECTOR_CORRELATE__WINDOW_S``), else by its dotted path. A value may be a secret (a web
+    token): pydantic's own message quotes the input.
+    """
+
+    def name(loc: tuple[int | str, ...]) -> str:
+        if env_prefix and loc:
+            return env_prefix + "__".join(str(p) for p in loc).upper()
+        return ".".join(str(p) for p in loc) or "settings"
+
+    return "; ".join(
+        f"{name(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+        for err in exc.errors(include_input=False, include_url=False)
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from detector.correlate.forecast import NextVictim
 from detector.events.model import Signal
 
 
@@ -15,6 +16,9 @@ class IncidentContext:
     ``pods_seen`` are all pods of the workload that any signal named (healthy ones included).
     ``signals`` are the evidence signals attached to the incident, ordered by time, and
     include the engine_config / engine_pressure / gpu_memory signals of the workload's pods.
+    ``next_victim`` is the latest next-victim forecast while the incident is suspected or
+    cascading (:mod:`detector.correlate.forecast`: the pod, ``eta_s`` from ``fitted_at``);
+    None when no survivor is at risk.
     """
 
     key: str
@@ -27,3 +31,4 @@ class IncidentContext:
     victims: tuple[str, ...] = ()
     pods_seen: tuple[str, ...] = ()
     signals: tuple[Signal, ...] = field(default_factory=tuple)
+    next_victim: NextVictim | None = None

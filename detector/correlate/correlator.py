@@ -13,9 +13,22 @@ from typing import Final
 from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
+from detector.correlate.forecast import (
+    FORECAST_EVERY_S,
+    NextVictim,
+    PressureSample,
+    forecast,
+    to_announce,
+)
 from detector.correlate.identity import WorkloadRef, WorkloadResolver
 from detector.correlate.series import GPU_MEMORY, KV_CACHE, SeriesBook, SeriesPoint
-from detector.correlate.state import Decision, IncidentState, Stage, WorkloadState
+from detector.correlate.state import (
+    Decision,
+    EvidenceAdded,
+    IncidentState,
+    Stage,
+    WorkloadState,
+)
 from detector.correlate.unattributed import UnattributedTally
 from detector.correlate.windows import ERROR_STATUSES, ClientWindow, RateWindow, upstream_failed
 from detector.events.model import Signal, SignalKind
@@ -32,6 +45,8 @@ RESERVATION_MARGIN: Final = 0.07
 CRASH_CAUSES_KEPT: Final = 64  # pods whose latest known crash cause is remembered
 RESOLVED_KEPT_PER_WORKLOAD: Final = 4  # views of resolved incidents kept for ``context``
 SWEEPS_PER_WINDOW: Final = 4  # idle pods are looked for this often per correlation window
+NEXT_VICTIM: Final = "next_victim"  # the evidence kind of a next-victim forecast
+_FORECAST_STAGES: Final = (Stage.SUSPECTED, Stage.CASCADING)
 _LB = SignalKind.LB_RESPONSE
 
 
@@ -112,7 +127,75 @@ class Correlator:
             if inc is not None and ws.incident is not inc:
                 self._keep_resolved(ws, key, _context(ws, inc), now)
                 del self._open[key]
+            elif inc is not None and inc.forecast_stale and now >= inc.forecast_due_at:
+                out += self._forecast(ws, inc, now)
         return out
+
+    def _forecast(self, ws: WorkloadState, inc: IncidentState, now: float) -> list[Decision]:
+        """Forecast the incident's next victim from its survivors' recent pressure; announce it
+        as ``next_victim`` evidence when it says something new (:mod:`.forecast`).
+
+        Runs from ``advance`` only: with an incident open, after new pressure samples, at most
+        once per ``FORECAST_EVERY_S`` of event time. Survivors: the pods with pressure in the
+        window that are no victim and did not crash-loop within it.
+        """
+        inc.forecast_stale, inc.forecast_due_at = False, now + FORECAST_EVERY_S
+        cfg = self.cfg
+        if inc.stage not in _FORECAST_STAGES:
+            inc.next_victim = None
+            return []
+        down = {c.pod for c in ws.crash_loops if now - c.time <= cfg.window_s}
+        down.update(inc.victims)
+        buckets = self.series_book.pressure_since(ws.ref, now - cfg.forecast_window_s)
+        measure = {pod: detail for _, pod, _, _, detail in sorted(buckets)}  # a pod's latest
+        samples = [
+            PressureSample(t, pod, ratio, ceiling, self._floor(ws, pod, detail))
+            for t, pod, ratio, ceiling, detail in buckets
+            if pod not in down and pod in ws.last_pressure and detail == measure[pod]
+        ]
+        window_s, horizon_s = cfg.forecast_window_s, cfg.forecast_horizon_s
+        found = forecast(samples, now, window_s=window_s, horizon_s=horizon_s)
+        inc.next_victim = found[0] if found else None
+        told = to_announce(found, inc.announced)
+        return [] if told is None else self._announce(ws, inc, told)
+
+    def _announce(self, ws: WorkloadState, inc: IncidentState, nxt: NextVictim) -> list[Decision]:
+        """Return the ``next_victim`` evidence of ``nxt``: the pod's latest pressure record,
+        at the forecast's time, with the forecast's figures as its attrs."""
+        if inc.evidence_counts[NEXT_VICTIM] >= self.cfg.max_evidence_per_kind:
+            return []
+        inc.evidence_counts[NEXT_VICTIM] += 1
+        inc.announced = nxt
+        attrs = {
+            "pod": nxt.pod,
+            "eta_s": nxt.eta_s,
+            "fitted_at": nxt.fitted_at,
+            "reaches_at": nxt.reaches_at,
+            "ratio": round(nxt.ratio, 4),
+            "ceiling": round(nxt.ceiling, 4),
+            "slope_per_s": round(nxt.slope_per_s, 6),
+            "samples": nxt.samples,
+            "window_s": self.cfg.forecast_window_s,
+        }
+        sig = replace(ws.last_pressure[nxt.pod], time=nxt.fitted_at, attrs=attrs)
+        return [EvidenceAdded(inc.key, NEXT_VICTIM, sig, nxt.summary())]
+
+    @staticmethod
+    def _floor(ws: WorkloadState, pod: str, detail: str) -> float:
+        """Return the pressure under which ``pod``'s readings are no trend: for GPU memory of an
+        engine that reserves VRAM at start, its reservation less ``RESERVATION_MARGIN`` (far
+        under it, the engine is loading its weights: a climb to the reservation is no
+        pressure)."""
+        if detail != GPU_MEMORY:
+            return 0.0
+        reserved = ws.reservations.get(pod) or ws.reservations.get("")
+        return reserved[1] - RESERVATION_MARGIN if reserved is not None else 0.0
+
+    def _sampled(self, ws: WorkloadState, sig: Signal) -> None:
+        """Keep ``sig`` as its pod's latest pressure reading; the next forecast is due."""
+        ws.last_pressure[sig.pod or ""] = sig
+        if ws.incident is not None:
+            ws.incident.forecast_stale = True
 
     def _move_pod(
         self, pod: str, old_ref: WorkloadRef, ws: WorkloadState, now: float
@@ -324,6 +407,7 @@ class Correlator:
                 self.cfg.memory_ceiling if reserved is None else reserved[1] + RESERVATION_MARGIN
             )
             self.series_book.add_pressure(ws.ref, sig.time, sig.pod, GPU_MEMORY, ratio, ceiling)
+            self._sampled(ws, sig)
         if reserved is not None:
             return self._reserved_memory(ws, sig, ratio, reserved)
         what = "GPU memory"
@@ -377,6 +461,7 @@ class Correlator:
                 self.series_book.add_pressure(
                     ws.ref, sig.time, pod, KV_CACHE, float(usage), cfg.kv_cache_ceiling
                 )
+                self._sampled(ws, sig)
             out += self._pressure(ws, sig, "KV cache", float(usage), cfg.kv_cache_ceiling)
         preempted = a.get("preemptions")
         if isinstance(preempted, int | float):
@@ -556,6 +641,7 @@ def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:
         victims=tuple(inc.victims),
         pods_seen=tuple(ws.pods),
         signals=tuple(signals),
+        next_victim=inc.next_victim,
     )
 
 

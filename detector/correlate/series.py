@@ -132,6 +132,21 @@ class SeriesBook(Generic[K]):
         self.workloads.pop(workload, None)
         self._last = None
 
+    def pressure_since(
+        self, workload: K, start: float
+    ) -> list[tuple[float, str, float, float, str]]:
+        """Return (bucket start, pod, ratio, ceiling, detail) of ``workload``'s pressure buckets
+        from the one holding ``start`` on, unordered."""
+        ws = self.workloads.get(workload)
+        if ws is None:
+            return []
+        first, bucket_s = int(start // self.bucket_s), self.bucket_s
+        return [
+            (index * bucket_s, pod, ratio, ceiling, detail)
+            for (index, pod), (ratio, ceiling, detail, _) in ws.pressure.items()
+            if index >= first
+        ]
+
     def points(
         self, workload: K, start: float, end: float | None = None, since: int = 0
     ) -> list[SeriesPoint]:

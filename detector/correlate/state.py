@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
+from detector.correlate.forecast import NextVictim
 from detector.correlate.identity import WorkloadRef
 from detector.correlate.windows import ClientStats, ClientWindow, RateWindow
 from detector.events.model import Signal, SourcePos
@@ -100,13 +101,20 @@ class IncidentState:
     evidence_counts: Counter[str] = field(default_factory=Counter)
     seen_configs: set[tuple[str, str]] = field(default_factory=set)  # (pod, attrs) attached
     contained_at: float | None = None
+    # the next-victim forecast (detector.correlate.forecast): the latest (None: no survivor
+    # at risk), the last one announced, when the next may run and whether pressure came since
+    next_victim: NextVictim | None = None
+    announced: NextVictim | None = None
+    forecast_due_at: float = 0.0
+    forecast_stale: bool = True
 
 
 @dataclass(slots=True)
 class WorkloadState:
     """What the correlator remembers about one workload; bounded by the pods of the window.
 
-    Per-pod entries (``pods``, ``last_oom``, ``at_ceiling``, ``preemptions``, ``ambiguous``)
+    Per-pod entries (``pods``, ``last_oom``, ``at_ceiling``, ``preemptions``,
+    ``last_pressure``, ``ambiguous``)
     and per-GPU ones (``gpu_used``) go with ``forget_idle``; ``engine_config`` (pods log it
     once, at start) and ``crash_loops`` have caps of their own.
     """
@@ -126,6 +134,8 @@ class WorkloadState:
     engine: str | None = None  # serving engine seen in the workload's signals
     engine_metrics: bool = False  # KV-cache / preemption / queue signals seen
     preemptions: dict[str, float] = field(default_factory=dict)  # pod -> last running total
+    # pod -> its latest memory or KV-cache reading (the record a next-victim forecast names)
+    last_pressure: dict[str, Signal] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # counter series -> last total
     per_code_counters: bool = False  # Envoy per-code counters seen: skip the per-class ones
     ambiguous: dict[str, Signal] = field(default_factory=dict)  # pod -> unconfirmed GPU OOM
@@ -162,6 +172,7 @@ class WorkloadState:
                 del self.pods[pod]
                 self.last_oom.pop(pod, None)
                 self.preemptions.pop(pod, None)
+                self.last_pressure.pop(pod, None)
                 self.ambiguous.pop(pod, None)
             for key in [k for k in self.at_ceiling if k[0] in gone]:
                 del self.at_ceiling[key]
@@ -172,7 +183,8 @@ class WorkloadState:
     def move_pod(self, pod: str, to: WorkloadState) -> None:
         """Move ``pod``'s per-pod entries to ``to`` (the pod's workload was revised).
 
-        Moved: last seen, last GPU OOM, ceilings, preemptions, unconfirmed OOM, engine
+        Moved: last seen, last GPU OOM, ceilings, preemptions, latest pressure reading,
+        unconfirmed OOM, engine
         configs, VRAM reservation, crash cause and crash loops. Workload-wide state (load
         balancer windows, GPUs, the incident) stays.
         """
@@ -181,6 +193,7 @@ class WorkloadState:
             to.pods[pod] = max(seen, to.pods.get(pod, seen))
         _move(self.last_oom, to.last_oom, pod)
         _move(self.preemptions, to.preemptions, pod)
+        _move(self.last_pressure, to.last_pressure, pod)
         _move(self.ambiguous, to.ambiguous, pod)
         _move(self.reservations, to.reservations, pod)
         _move(self.crash_causes, to.crash_causes, pod)

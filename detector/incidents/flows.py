@@ -29,10 +29,13 @@ from detector.correlate.state import (
 )
 from detector.db import greatest, store_errors, to_datetime, upsert
 from detector.incidents import service
-from detector.incidents.models import Evidence, Incident, SeriesValue
+from detector.incidents.models import Evidence, EvidenceKind, Incident, SeriesValue
 from detector.incidents.questions import answer_questions
 
 ContextLookup = Callable[[str], IncidentContext | None]
+# evidence that is a forecast, not a signal: its summary is the whole timeline line
+# ("next victim at risk: pod X in ~N s"), a note, which the incident's Slack thread tells
+FORECAST_KINDS = frozenset({EvidenceKind.NEXT_VICTIM.value})
 
 
 class SeriesSource(Protocol):
@@ -183,8 +186,12 @@ def _evidence(incident: Incident, d: EvidenceAdded, session: Session) -> None:
         text=s.text,
         attrs=jsonable(s.attrs),
     )
-    note(session, incident, s.time, "signal", f"{d.kind}: {d.summary}",
-         f"evidence:{d.kind}:{s.source}", evidence=row)  # fmt: skip
+    if d.kind in FORECAST_KINDS:
+        kind, message = "note", d.summary
+    else:
+        kind, message = "signal", f"{d.kind}: {d.summary}"
+    note(session, incident, s.time, kind, message, f"evidence:{d.kind}:{row.source}",
+         evidence=row)  # fmt: skip
 
 
 def answer(incident: Incident, ctx: IncidentContext, *, session: Session) -> None:

@@ -45,6 +45,7 @@ class EvidenceKind(StrEnum):
     ENGINE_CONFIG = "engine_config"
     HOST_OOM = "host_oom"
     POD_READY = "pod_ready"
+    NEXT_VICTIM = "next_victim"  # a forecast: the survivor whose pressure reaches its ceiling next
 
 
 class TimelineKind(StrEnum):

@@ -2,7 +2,9 @@
 
 - ``ContainmentFlows.follow(decision, incident, ...)`` plans the runbook when an incident
   starts cascading and re-plans it when a victim is added (what was applied or approved
-  stays as it was planned then);
+  stays as it was planned then); with ``predictive`` on, it plans the gateway limit alone at
+  ``suspected`` when the next victim comes before a restarted pod can serve again
+  (:mod:`detector.runbooks.predictive`), and the cascading plan adds the other steps;
 - ``ContainmentFlows.advance(incident, ctx, now, ...)`` makes every step move due at event
   time ``now`` (:mod:`detector.runbooks.runner`);
 - ``decide(request, ...)`` is the one decide flow of people: approve or deny a step, arm or
@@ -14,7 +16,7 @@ Everything runs within the caller's transaction (the caller commits).
 from __future__ import annotations
 
 import getpass
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -24,14 +26,15 @@ from detector.config import Settings
 from detector.correlate.context import IncidentContext
 from detector.correlate.state import Decision, Stage, StageChanged, VictimAdded
 from detector.errors import ApprovalError
-from detector.incidents.flows import jsonable, note
+from detector.incidents.flows import decision_time, jsonable, note
 from detector.incidents.models import Incident
 from detector.runbooks import approvals, controls
 from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
-from detector.runbooks.definition import Runbook
-from detector.runbooks.models import Control, RunbookStep, StepApproval
+from detector.runbooks.definition import Action, Runbook
+from detector.runbooks.models import Control, RunbookRun, RunbookStep, StepApproval
 from detector.runbooks.planner import plan
+from detector.runbooks.predictive import DEFAULT_RESTART_READY_S, early_limit
 from detector.runbooks.runner import Containment, advance, settled
 from detector.runbooks.steps import StepRecord, StepState
 from detector.runbooks.transitions import plan_text
@@ -43,12 +46,16 @@ class ContainmentFlows:
 
     ``dry_run`` is the process-wide switch: while True nothing acts for real, whatever is
     armed. ``containment`` carries the actuator registry and the settings' arming and kill
-    switch (``from_settings``).
+    switch (``from_settings``). ``predictive``: plan the gateway limit at ``suspected`` when
+    the next victim comes before a restarted pod serves (``restart_ready_s`` when the
+    evidence does not tell how long that takes).
     """
 
     runbook: Runbook
     dry_run: bool = True
     containment: Containment = field(default_factory=Containment)
+    predictive: bool = False
+    restart_ready_s: float = DEFAULT_RESTART_READY_S
 
     def __post_init__(self) -> None:
         self.containment = replace(self.containment, dry_run=self.dry_run)
@@ -67,28 +74,76 @@ class ContainmentFlows:
             kill_switch=settings.containment.kill_switch,
             gateway=settings.containment.rate_limit_driver(),
         )
-        return cls(runbook, dry_run=settings.dry_run, containment=containment)
+        c = settings.containment
+        return cls(
+            runbook,
+            dry_run=settings.dry_run,
+            containment=containment,
+            predictive=c.predictive,
+            restart_ready_s=c.restart_ready_s,
+        )
 
     def follow(
         self, d: Decision, incident: Incident, ctx: IncidentContext | None, *, session: Session
     ) -> None:
-        """Plan at the start of a cascade; re-plan when a victim dies after the plan was made."""
+        """Plan at the start of a cascade; re-plan when a victim dies after the plan was made.
+
+        With ``predictive``: before any plan, each decision of a ``suspected`` incident may
+        plan the gateway limit alone (``_limit_early``); the cascade's plan then adds the
+        other steps, and a re-plan before it keeps to the steps planned early.
+        """
         if ctx is None:
             return
         run = run_service.run_of(session=session, incident=incident, runbook=self.runbook.name)
-        if isinstance(d, StageChanged) and d.stage is Stage.CASCADING and run is None:
-            self.plan(incident, ctx, d.time, session=session)
+        early = None if run is None else self._planned_early(run)
+        if isinstance(d, StageChanged) and d.stage is Stage.CASCADING:
+            if run is None or early is not None:
+                self.plan(incident, ctx, d.time, session=session)
         elif isinstance(d, VictimAdded) and run is not None and d.time > run.created_at.timestamp():
             # a victim after the plan was made: the restart list grows (an earlier one, met
             # again when a restarted process re-reads its partition, is in the plan already)
-            self.plan(incident, ctx, d.time, session=session)
+            self.plan(incident, ctx, d.time, session=session, only=early)
             message = f"runbook re-planned for {d.position} victims"
             note(session, incident, d.time, "step", message, f"replan:{d.position}")
+        elif run is None and self.predictive:
+            self._limit_early(incident, ctx, decision_time(d), session=session)
 
-    def plan(
+    def _planned_early(self, run: RunbookRun) -> frozenset[int] | None:
+        """Return the positions of a run planned early (only some of the runbook's steps
+        stored); None for a run planned whole."""
+        positions = frozenset(row.position for row in run.steps)
+        return None if len(positions) >= len(self.runbook.steps) else positions
+
+    def _limit_early(
         self, incident: Incident, ctx: IncidentContext, time: float, *, session: Session
     ) -> None:
-        """Store the runbook's steps as planned for the incident's evidence at ``time``."""
+        """Plan the runbook's gateway limit alone when the next victim comes before a restarted
+        pod can serve again (:func:`detector.runbooks.predictive.early_limit`), with the reason
+        on the timeline; the step machine then takes it as any first step (policy, dry-run,
+        arming, kill switch, cooldown and the hourly cap hold)."""
+        gateway = frozenset(
+            position
+            for position, step in enumerate(self.runbook.steps, start=1)
+            if step.action is Action.ENABLE_RATE_LIMIT
+        )
+        if not gateway or (why := early_limit(ctx, time, self.restart_ready_s)) is None:
+            return
+        self.plan(incident, ctx, time, session=session, only=gateway)
+        note(session, incident, time, "step", why, "predictive:gateway_limit")
+
+    def plan(
+        self,
+        incident: Incident,
+        ctx: IncidentContext,
+        time: float,
+        *,
+        session: Session,
+        only: Set[int] | None = None,
+    ) -> None:
+        """Store the runbook's steps as planned for the incident's evidence at ``time``.
+
+        ``only``: the positions to plan (None: every step).
+        """
         run = run_service.get_or_create_run(
             session=session,
             incident=incident,
@@ -100,6 +155,8 @@ class ContainmentFlows:
         rows = {row.position: row for row in run.steps}
         gateway = self.containment.gateway
         for step in plan(self.runbook, ctx, dry_run=self.dry_run, gateway=gateway):
+            if only is not None and step.position not in only:
+                continue
             row = rows.get(step.position)
             if row is not None and _acted(row):
                 continue  # what was applied or approved stays as it was planned then

@@ -241,6 +241,21 @@ def test_no_survivor_at_the_ceiling_means_no_risk_line() -> None:
     assert at_risk(inc, Options()) == ""
 
 
+def test_the_next_victim_forecast_names_the_survivor_at_risk() -> None:
+    inc = _incident()
+    forecast = _evidence(
+        9, "next_victim", f"vllm-d{HOSTILE}", 40, "next victim at risk: pod vllm-d in ~25 s",
+        eta_s=25.0,
+    )  # fmt: skip
+    inc["evidence"] = [*inc["evidence"], forecast]
+    risk = at_risk(inc, Options())
+    assert risk.startswith("`vllm-d") and risk.endswith(f" in ~25 s (forecast at {_at(40)[11:19]})")
+    assert "<!channel>" not in risk  # the pod name is input text: escaped as any
+    inc["victims"] = [*inc["victims"], {"pod": f"vllm-d{HOSTILE}", "position": 3,
+                                        "first_oom_at": _at(50)}]  # fmt: skip
+    assert at_risk(inc, Options()).startswith("`vllm-c`")  # it died: the ceiling names one
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [

@@ -171,13 +171,21 @@ def _peak_memory(evidence: Sequence[Mapping[str, Any]]) -> str:
 
 
 def at_risk(inc: Mapping[str, Any], options: Options) -> str:
-    """Return the survivor whose latest reading is at its pressure ceiling, as mrkdwn ("": none).
+    """Return the survivor at risk, as mrkdwn ("": none).
 
-    A survivor is a pod with memory evidence that is not a victim; its latest reading's
-    used/total ratio (``attrs.ratio``) is compared with the KV-cache ceiling when it is KV-cache
-    pressure, else with the GPU-memory ceiling. The highest such reading is named.
+    The latest next-victim forecast (evidence ``next_victim``, detector.correlate.forecast)
+    of a pod that is not a victim yet names it, with its ETA and when it was made. Else a
+    survivor at its ceiling: a pod with memory evidence that is not a victim, whose latest
+    reading's used/total ratio (``attrs.ratio``) is compared with the KV-cache ceiling when it
+    is KV-cache pressure, else with the GPU-memory ceiling; the highest such reading is named.
     """
     victims = {v["pod"] for v in inc["victims"]}
+    forecasts = [e for e in inc["evidence"] if e["kind"] == "next_victim"]
+    e = max(forecasts, key=lambda e: str(e["time"])) if forecasts else None
+    if e is not None and e.get("pod") and e["pod"] not in victims:
+        eta = (e.get("attrs") or {}).get("eta_s")
+        when = f" in ~{eta:.0f} s" if isinstance(eta, int | float) else ""
+        return f"{code(e['pod'])}{when} (forecast at {_clock(e['time'])})"
     latest: dict[str, Mapping[str, Any]] = {}
     for e in inc["evidence"]:
         if e["kind"] == "gpu_memory" and e.get("pod") and e["pod"] not in victims:
