@@ -244,7 +244,10 @@ def require_head(url: str) -> None:
         path = _sqlite_file(parsed)
         if path is None or not Path(path).is_file():
             what = "an in-memory database is empty" if path is None else "no such file"
-            raise StoreError(f"no incident store at {where} ({what}): check --db or {_URL_VAR}")
+            raise StoreError(
+                f"no incident store at {where} ({what}): check --db or {_URL_VAR}, "
+                f"or create one with `detector migrate --db {where}`"
+            )
     heads = set(ScriptDirectory.from_config(_alembic_config(url)).get_heads())
     engine = make_engine(url)
     try:
@@ -258,7 +261,7 @@ def require_head(url: str) -> None:
         at = f"at revision {', '.join(sorted(current))}" if current else "not migrated"
         raise StoreError(
             f"the incident store at {where} is {at}, not at head {', '.join(sorted(heads))}: "
-            f"check --db or {_URL_VAR}, or run `detector migrate` once"
+            f"check --db or {_URL_VAR}, or run `detector migrate --db {where}` once"
         )
 
 

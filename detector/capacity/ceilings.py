@@ -27,6 +27,7 @@ from detector.capacity.sizing import (
     KvCapacity,
     SafeCeilings,
     ceiling_from_evidence,
+    check_tensor_parallel,
     coerce_float,
     coerce_int,
     connection_limit,
@@ -57,6 +58,8 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
 }
+MIN_MAX_LEN = BLOCK_TOKENS  # a shorter --max-len is no request length (one KV-cache block)
+_NO_LENGTH_FACTOR = frozenset({"su", "longrope", "llama3"})  # RoPE types whose context is as is
 _NESTED = ("text_config", "llm_config", "language_config")  # a multimodal model's language part
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})  # q/k/v biases
 _EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts")
@@ -90,6 +93,7 @@ class ModelShape:
     shared_intermediate_size: int
     dense_layers: int
     quantization: str | None  # quantization_config.quant_method (the weights are smaller)
+    context_tokens: int | None = None  # the longest request the engine accepts (_context)
 
 
 def parse_model_config(doc: Any, source: str = "config.json") -> ModelShape:
@@ -155,7 +159,26 @@ def parse_model_config(doc: Any, source: str = "config.json") -> ModelShape:
         shared_intermediate_size=shared if experts else 0,
         dense_layers=(coerce_int(get("first_k_dense_replace")) or 0) if experts else 0,
         quantization=str(quant.get("quant_method", "yes")) if isinstance(quant, Mapping) else None,
+        context_tokens=_context(count("max_position_embeddings"), get("rope_scaling")),
     )
+
+
+def _context(positions: int | None, rope: Any) -> int | None:
+    """Return the longest request length the engine derives from config.json, None: unknown.
+
+    max_position_embeddings, times the RoPE scaling factor unless the type is su, longrope or
+    llama3 (YaRN scales original_max_position_embeddings): vLLM ``_get_and_verify_max_len``
+    (https://github.com/vllm-project/vllm/blob/main/vllm/config/model.py).
+    """
+    if positions is None or not isinstance(rope, Mapping):
+        return positions
+    kind = rope.get("rope_type") or rope.get("type")
+    factor = coerce_float(rope.get("factor"))
+    if kind in _NO_LENGTH_FACTOR or factor is None or factor < 1:
+        return positions
+    if kind == "yarn":
+        positions = coerce_int(rope.get("original_max_position_embeddings")) or positions
+    return int(positions * factor)
 
 
 def estimate_parameters(shape: ModelShape) -> int:
@@ -202,14 +225,56 @@ def estimate_parameters(shape: ModelShape) -> int:
     return embeddings + s.layers * (attention + 2 * hidden) + mlp + hidden
 
 
-def dtype_bytes(name: str | None, what: str) -> int:
-    """Return the bytes of one element of dtype ``name``; ConfigError when unknown or absent."""
+def dtype_bytes(name: str | None, what: str, *, also: str = "", hint: str = "") -> int:
+    """Return the bytes of one element of dtype ``name``; ConfigError when unknown or absent.
+
+    ``what`` names the setting the dtype came from (``--dtype``, ``--kv-cache-dtype`` ...);
+    ``also`` is an accepted value besides the dtypes (``auto``), ``hint`` ends the message.
+    """
     if name is None:
         raise ConfigError(f"{what}: config.json has no torch_dtype or dtype; pass --dtype")
     size = DTYPE_BYTES.get(name.lower().removeprefix("torch."))
     if size is None:
-        raise ConfigError(f"{what}: unknown dtype {name!r} (known: {', '.join(DTYPE_BYTES)})")
+        accepted = ", ".join([also, *DTYPE_BYTES] if also else DTYPE_BYTES)
+        raise ConfigError(f"{what}: unknown dtype {name!r}; accepted: {accepted}{hint}")
     return size
+
+
+def _dtypes(req: Request) -> tuple[str | None, str | None, int]:
+    """Return (weights dtype, KV-cache dtype, KV bytes per element), each checked at its source.
+
+    A wrong value is reported under the option or config field it came from: ``--dtype``,
+    ``--kv-cache-dtype``, or config.json's torch_dtype (the KV cache's with ``auto``).
+    """
+    if req.dtype is not None:
+        dtype_bytes(req.dtype, "--dtype", hint=" (quantized weights: give --weights-bytes)")
+    dtype = req.dtype or req.shape.dtype
+    if req.kv_cache_dtype != "auto":
+        element = dtype_bytes(req.kv_cache_dtype, "--kv-cache-dtype", also="auto")
+        return dtype, req.kv_cache_dtype, element
+    hint = " (--kv-cache-dtype auto takes it; give --kv-cache-dtype)"
+    return dtype, dtype, dtype_bytes(dtype, "config.json torch_dtype", hint=hint)
+
+
+def _check_request(req: Request) -> None:
+    """Raise ConfigError naming the option when a value is out of range for the model."""
+    shape, tp = req.shape, req.tensor_parallel
+    try:
+        check_tensor_parallel(shape.attention_heads, shape.kv_heads, tp)
+    except ValueError as exc:
+        raise ConfigError(f"--tensor-parallel {tp}: {exc}") from exc
+    if req.max_len is None:
+        return
+    if req.max_len < MIN_MAX_LEN:
+        raise ConfigError(
+            f"--max-len {req.max_len}: a request length is at least {MIN_MAX_LEN} tokens "
+            "(one KV-cache block), e.g. 32768"
+        )
+    if shape.context_tokens is not None and req.max_len > shape.context_tokens:
+        raise ConfigError(
+            f"--max-len {req.max_len}: over the model's context of {shape.context_tokens:,} "
+            "tokens (config.json max_position_embeddings, RoPE scaling); engines refuse it"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +320,9 @@ def compute(req: Request) -> dict[str, Any]:
     """
     log = req.log or EngineLog({}, None, None)
     shape, tp = req.shape, req.tensor_parallel
+    _check_request(req)
     utilization, utilization_source = _utilization(req, log.evidence)
-    dtype = req.dtype or shape.dtype
-    kv_dtype = dtype if req.kv_cache_dtype == "auto" else req.kv_cache_dtype
-    element = dtype_bytes(kv_dtype, "KV cache")
+    dtype, kv_dtype, element = _dtypes(req)
     try:
         per_gpu = kv_bytes_per_token(
             shape.layers, shape.kv_heads, shape.head_dim, element, tensor_parallel=tp
@@ -355,7 +419,7 @@ def _weights(req: Request, log: EngineLog, dtype: str | None) -> tuple[int, int,
     if log.weights_bytes_per_gpu is not None:
         per_gpu = log.weights_bytes_per_gpu
         return per_gpu * tp, per_gpu, "engine log (one GPU's weights as loaded)", False
-    size = dtype_bytes(dtype, "weights")
+    size = dtype_bytes(dtype, "--dtype" if req.dtype else "config.json torch_dtype (weights)")
     if req.params is not None:
         total = req.params * size
         return total, -(-total // tp), f"--params {req.params:,} x {size} bytes ({dtype})", False

@@ -121,6 +121,42 @@ def kv_heads_per_gpu(kv_heads: int, tensor_parallel: int = 1) -> int:
     return max(1, kv_heads // tensor_parallel)
 
 
+def tensor_parallel_sizes(attention_heads: int | None, kv_heads: int) -> list[int]:
+    """Return the tensor-parallel sizes a model's attention can be split over, smallest first.
+
+    A size must divide the attention heads (vLLM ``ModelConfig.verify_with_parallel_config``:
+    "Total number of attention heads must be divisible by tensor parallel size") and either
+    divide the KV heads or be a multiple of them (each KV head then replicated,
+    ``kv_heads_per_gpu``). Without the attention heads, the KV heads rule alone, up to
+    ``max(kv_heads, 64)``.
+    """
+    limit = attention_heads if attention_heads else max(kv_heads, 64)
+    return [
+        n
+        for n in range(1, limit + 1)
+        if (attention_heads is None or attention_heads % n == 0)
+        and (kv_heads % n == 0 or n % kv_heads == 0)
+    ]
+
+
+def check_tensor_parallel(attention_heads: int | None, kv_heads: int, tensor_parallel: int) -> None:
+    """Raise ValueError naming the sizes that work when ``tensor_parallel`` cannot split the model.
+
+    Rules: ``tensor_parallel_sizes``.
+    """
+    if tensor_parallel <= 0:
+        raise ValueError(f"tensor parallel must be positive, got {tensor_parallel}")
+    sizes = tensor_parallel_sizes(attention_heads, kv_heads)
+    if tensor_parallel in sizes:
+        return
+    heads = f"{attention_heads} attention heads and " if attention_heads else ""
+    raise ValueError(
+        f"{heads}{kv_heads} KV heads do not split evenly over tensor parallel {tensor_parallel}"
+        f" (it must divide the attention heads and divide or be a multiple of the KV heads);"
+        f" sizes that work: {', '.join(map(str, sizes[:12]))}"
+    )
+
+
 def kv_bytes_per_token(
     layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, *, tensor_parallel: int = 1
 ) -> int:

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC
+from types import FrameType
 from typing import Annotated, TypeVar
 
 import typer
 from sqlalchemy.orm import Session
 
 from detector import db
+from detector.cli.exits import fail, interruptible
 from detector.cli.settings import cli_settings
 from detector.config import Settings
 from detector.errors import ApprovalError, ConfigError, DetectorError
+from detector.incidents import service
 from detector.notify import flows as notify_flows
 from detector.runbooks import approvals, controls
 from detector.runbooks.flows import DecisionKind, DecisionRequest
@@ -91,7 +95,8 @@ def _run(
             return work(settings, session)
     except ApprovalError as exc:
         refused = exc.reason != "not_found"
-        line = f"refused: {exc.detail}" if refused else f"error: {exc}"
+        hint = "" if refused else "; `detector incidents` lists the keys and steps waiting"
+        line = f"refused: {exc.detail}" if refused else f"error: {exc}{hint}"
         typer.echo(printable(line, one_line=True), err=True)
         raise typer.Exit(1 if refused else 2) from exc
     except DetectorError as exc:
@@ -173,11 +178,37 @@ def _status_lines(settings: Settings, session: Session, limit: int) -> str:
     return "\n".join(lines)
 
 
+def _check_workload(value: str, database_url: str | None) -> None:
+    """Exit 2 with the form expected unless ``value`` is ``NAMESPACE/WORKLOAD``.
+
+    A bare workload name is looked up in the store (when there is one) to name its namespace.
+    """
+    namespace, _, name = value.partition("/")
+    if namespace and name and "/" not in name:
+        return
+    bare = value if value and "/" not in value else ""
+    known = _namespaces_of(bare, database_url) if bare else []
+    example = " or ".join(f"{ns}/{bare}" for ns in known) or f"llm/{bare or 'vllm-llama'}"
+    fail(f"WORKLOAD must be NAMESPACE/WORKLOAD, e.g. {example}; got {value!r}")
+
+
+def _namespaces_of(workload: str, database_url: str | None) -> list[str]:
+    """Return the namespaces of the store's incidents of ``workload``; none when unreadable."""
+    try:
+        settings = cli_settings(database_url, None)
+        with db.existing_store(settings.database.url) as session:
+            rows = service.list_incidents(session=session)
+    except DetectorError:
+        return []
+    return sorted({row.namespace for row in rows if row.workload == workload})[:3]
+
+
 def _host() -> str:
     """Return this machine's name, recorded with each control change made from the CLI."""
     return socket.gethostname()
 
 
+@interruptible
 def approve_cmd(
     incident: Annotated[str, typer.Argument(help="incident key or id")],
     step: Annotated[str, typer.Argument(help="step id or position")],
@@ -191,6 +222,7 @@ def approve_cmd(
     _decide(request, database_url)
 
 
+@interruptible
 def deny_cmd(
     incident: Annotated[str, typer.Argument(help="incident key or id")],
     step: Annotated[str, typer.Argument(help="step id or position")],
@@ -204,6 +236,7 @@ def deny_cmd(
     _decide(request, database_url)
 
 
+@interruptible
 def arm_cmd(
     workload: Annotated[str, typer.Argument(help="NAMESPACE/WORKLOAD")],
     who: AsOption = None,
@@ -212,12 +245,14 @@ def arm_cmd(
     database_url: DbOption = None,
 ) -> None:
     """Let containment act for real on a workload (it is dry-run until armed)."""
+    _check_workload(workload, database_url)
     request = DecisionRequest(
         DecisionKind.ARM, "cli", who or "", reason, workload=workload, force=force, host=_host()
     )
     _decide(request, database_url)
 
 
+@interruptible
 def disarm_cmd(
     workload: Annotated[str, typer.Argument(help="NAMESPACE/WORKLOAD")],
     who: AsOption = None,
@@ -228,12 +263,14 @@ def disarm_cmd(
 
     Any NAMESPACE/WORKLOAD is accepted, known to the store or not: disarming is never risky.
     """
+    _check_workload(workload, database_url)
     request = DecisionRequest(
         DecisionKind.DISARM, "cli", who or "", reason, workload=workload, host=_host()
     )
     _decide(request, database_url)
 
 
+@interruptible
 def kill_switch_cmd(
     state: Annotated[str, typer.Argument(help="on, off or status")],
     who: AsOption = None,
@@ -260,6 +297,7 @@ def kill_switch_cmd(
     _decide(DecisionRequest(kind, "cli", who or "", reason, host=_host()), database_url)
 
 
+@interruptible
 def serve_cmd(
     host: Annotated[str | None, typer.Option(help="address (default: DETECTOR_WEB__HOST)")] = None,
     port: Annotated[
@@ -292,14 +330,27 @@ def serve_cmd(
         how = "Socket Mode" if settings.slack.app_token else "POST /slack/interactions"
         typer.echo(f"slack: posting to {settings.slack.channel or 'per-namespace channels'}, "
                    f"clicks via {how}", err=True)  # fmt: skip
+    else:
+        typer.echo(
+            "slack: not configured (DETECTOR_SLACK__BOT_TOKEN and __CHANNEL): no messages",
+            err=True,
+        )
     where = (host or settings.web.host, port if port is not None else settings.web.port)
     settings.web.host = where[0]  # reading is open only when bound to loopback
     store = db.redact(settings.database.url)
     typer.echo(f"serving the incident pages and approvals on http://{where[0]}:{where[1]} "
                f"for {store}", err=True)  # fmt: skip
-    uvicorn.run(
-        create_app(settings),
-        host=where[0],
-        port=where[1],
-        log_level="info" if verbose else "warning",
-    )
+    # uvicorn shuts down on Ctrl-C, then raises SIGINT again with the handler found at start:
+    # this one (not Python's default, which asyncio would swap for its own) ends the command
+    # as interrupted (exit 130, one line); uvicorn.run would swallow it, Server.run does not
+    signal.signal(signal.SIGINT, _interrupt)
+    log_level = "info" if verbose else "warning"
+    config = uvicorn.Config(create_app(settings), host=where[0], port=where[1], log_level=log_level)
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        fail(f"cannot serve on {where[0]}:{where[1]} (the reason is above)")
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

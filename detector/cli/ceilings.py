@@ -30,6 +30,7 @@ from detector.capacity.ceilings import (
     parse_model_config,
 )
 from detector.capacity.sizing import GIB, KNOWN_ENGINES
+from detector.cli.exits import fail, interruptible
 from detector.errors import ConfigError
 from detector.events.classify import parse_size
 from detector.events.engine_lines import parse_engine_line
@@ -173,6 +174,7 @@ def _given(parse: Callable[[str, str], int], text: str | None, what: str) -> int
 _ENGINE_HELP = "print this engine's parameters only: " + ", ".join(KNOWN_ENGINES)
 
 
+@interruptible
 def ceilings_cmd(
     model_config: Annotated[Path, typer.Option(help="the model's Hugging Face config.json")],
     gpu_memory: Annotated[str, typer.Option(help="memory of one GPU, e.g. 80GiB (GB = GiB)")],
@@ -225,8 +227,7 @@ def ceilings_cmd(
         )
         doc = compute(request)
     except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     typer.echo(json.dumps(doc, indent=2) if as_json else render_text(doc))
     if not doc["fits"]:
         if as_json:

@@ -29,11 +29,13 @@ from typing import IO, Annotated, Any
 
 import typer
 
+from detector.cli.exits import interruptible
 from detector.events.classify import NUMBER_FIELDS, Classification, OomClass
+from detector.events.detect import MAX_RECORD_BYTES
 from detector.events.multiline import OomHit, classify_record, find_ooms_numbered
 from detector.textsafe import printable, printable_json
 
-MAX_LINE_BYTES = 1 << 20  # longer input lines are cut here (a JSON line then fails to parse)
+MAX_LINE_BYTES = MAX_RECORD_BYTES  # a longer line is too_large, as replay and run say
 EXCERPT_CHARS = 300  # --multiline prints this much of each OOM's text
 TEXT_KEYS = ("text", "log", "message")  # a JSON record's line, in order of preference
 MAX_MISMATCHES = 50  # --report lists at most this many misclassified rows
@@ -51,6 +53,7 @@ class InputRecord:
     expect: str | None = None  # the JSON object's "expect" label (--report)
 
 
+@interruptible
 def classify_cmd(
     paths: Annotated[
         list[str] | None, typer.Argument(help="log or JSON-lines files; none or - for stdin")
@@ -106,19 +109,26 @@ def _open(name: str, stack: ExitStack) -> IO[bytes]:
 def read_records(name: str, stream: IO[bytes]) -> Iterator[InputRecord]:
     """Yield one ``InputRecord`` per line of ``stream``; bad lines carry ``error``, never raise.
 
-    Errors: binary (a NUL byte), invalid UTF-8, malformed JSON (a line starting with ``{``),
-    a JSON object without a string ``text``, a JSON line over ``MAX_LINE_BYTES``.
+    Errors: a line over ``MAX_LINE_BYTES`` without its line ending (``too_large: N bytes >
+    MAX``, what ``replay`` and ``run`` call it; the line is counted, never held), binary (a NUL
+    byte), invalid UTF-8, malformed JSON (a line starting with ``{``), a JSON object without a
+    string ``text``.
     """
     line_no = 0
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
+    while raw := stream.readline(MAX_LINE_BYTES + 2):  # room for the line and its \r\n
         line_no += 1
-        cut = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
-        while cut and (rest := stream.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-            pass  # skip the rest of an oversized line
-        yield _record(name, line_no, raw[:MAX_LINE_BYTES].rstrip(b"\r\n"), cut=cut)
+        size, last = len(raw), raw
+        while not last.endswith(b"\n") and (rest := stream.readline(MAX_LINE_BYTES)):
+            size, last = size + len(rest), rest  # count the rest of an oversized line
+        ending = 2 if last.endswith(b"\r\n") else 1 if last.endswith(b"\n") else 0
+        if size - ending > MAX_LINE_BYTES:
+            too_large = f"too_large: {size - ending} bytes > {MAX_LINE_BYTES}"
+            yield InputRecord(name, line_no, error=too_large)
+        else:
+            yield _record(name, line_no, raw[: len(raw) - ending])
 
 
-def _record(name: str, line_no: int, raw: bytes, *, cut: bool) -> InputRecord:
+def _record(name: str, line_no: int, raw: bytes) -> InputRecord:
     if b"\x00" in raw:
         return InputRecord(name, line_no, error="binary line (NUL byte)")
     try:
@@ -127,8 +137,6 @@ def _record(name: str, line_no: int, raw: bytes, *, cut: bool) -> InputRecord:
         return InputRecord(name, line_no, error=f"invalid UTF-8 at byte {exc.start}")
     if not text.lstrip().startswith("{"):
         return InputRecord(name, line_no, text=text)
-    if cut:
-        return InputRecord(name, line_no, error=f"JSON line over {MAX_LINE_BYTES} bytes")
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as exc:

@@ -18,6 +18,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from detector.cli.exits import interruptible
 from detector.gpu.nvml import GpuError, Nvml, open_nvml
 from detector.gpu.sample import sample_lines
 
@@ -33,6 +34,7 @@ NO_DRIVER_HINT = (
 )
 
 
+@interruptible
 def gpu_sample_cmd(
     interval: Annotated[
         float | None,

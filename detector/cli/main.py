@@ -23,6 +23,7 @@ from detector.cli.approvals import (
 )
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
+from detector.cli.exits import fail, interruptible
 from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
@@ -62,6 +63,7 @@ app.command("simulate")(simulate_cmd)
 
 
 @app.command("replay")
+@interruptible
 def replay_cmd(
     paths: Annotated[list[Path], typer.Argument(help="recorded stream files or folders")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
@@ -105,8 +107,7 @@ def replay_cmd(
             notify=notify,
         )
     except (DetectorError, FileNotFoundError) as exc:
-        err.print(f"[red]error:[/red] {escape(printable(str(exc)))}")
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     if as_json:
         typer.echo(json.dumps(to_document(result), indent=2, default=str))
     else:
@@ -153,6 +154,7 @@ def _deliver(settings: Settings, err: Console) -> None:
 
 
 @app.command("migrate")
+@interruptible
 def migrate_cmd(
     database_url: Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL")] = None,
 ) -> None:
@@ -161,8 +163,7 @@ def migrate_cmd(
         settings = _settings(database_url, None)
         db.upgrade(settings.database.url)
     except DetectorError as exc:
-        typer.echo(printable(f"error: {exc}"), err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     typer.echo(printable(f"database at head: {db.redact(settings.database.url)}"))
 
 

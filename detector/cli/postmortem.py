@@ -17,6 +17,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from detector import db
+from detector.cli.exits import interruptible
 from detector.cli.settings import cli_settings
 from detector.errors import DetectorError
 from detector.postmortem.export import Export, export_postmortem
@@ -31,6 +32,7 @@ class Format(StrEnum):
     JSON = "json"
 
 
+@interruptible
 def postmortem_cmd(
     incident: Annotated[
         str,

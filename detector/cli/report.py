@@ -17,6 +17,10 @@ from detector.report.document import CORE_SIGNALS, ReplayResult, past_expiry, to
 from detector.textsafe import printable
 
 KIND_LABELS = {"gpu_oom": "GPU OOM", "gpu_memory": "GPU memory", "lb_response": "load-balancer"}
+UNKNOWN_FORMAT_HINT = (
+    "lines in no known format; a plain-text log of one pod (kubectl logs) needs "
+    "--namespace NS --pod POD (detector dead-letters --reason unknown_format shows them)"
+)
 
 
 def render_report(result: ReplayResult, console: Console) -> None:
@@ -30,6 +34,10 @@ def render_report(result: ReplayResult, console: Console) -> None:
     if ev["rejected_by_reason"]:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(ev["rejected_by_reason"].items()))
         console.print(f"  rejected by reason: {_t(reasons)} (kept as dead letters)")
+        if "unknown_format" in ev["rejected_by_reason"]:
+            console.print(
+                f"  [yellow]hint:[/yellow] unknown_format: {UNKNOWN_FORMAT_HINT}", soft_wrap=True
+            )
     _render_unattributed(ev, console)
     console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
     for inc in doc["incidents"]:

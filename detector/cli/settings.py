@@ -7,8 +7,10 @@ from pathlib import Path
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from detector.config import Settings
+from detector.config import Settings, validation_problems
 from detector.errors import ConfigError
+
+ENV_PREFIX = "DETECTOR_"
 
 
 def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
@@ -16,7 +18,9 @@ def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        raise ConfigError(f"invalid DETECTOR_* setting: {_problems(exc)}") from exc
+        raise ConfigError(
+            f"invalid DETECTOR_* setting: {validation_problems(exc, ENV_PREFIX)}"
+        ) from exc
     except SettingsError as exc:  # a list or mapping variable that is not JSON
         raise ConfigError(
             f"invalid DETECTOR_* setting: {exc}; lists and mappings are JSON, "
@@ -27,14 +31,3 @@ def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
     if workloads:
         settings.workloads_file = workloads
     return settings
-
-
-def _problems(exc: ValidationError) -> str:
-    """Return the problems of ``exc`` as ``field: message``, never the values given.
-
-    A value may be a secret (a web token): pydantic's own message quotes the input.
-    """
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-        for err in exc.errors(include_input=False, include_url=False)
-    )

@@ -22,6 +22,7 @@ from rich.console import Console
 from sqlalchemy.orm import Session
 
 from detector import db
+from detector.cli.exits import interruptible
 from detector.cli.report import render_incident
 from detector.cli.settings import cli_settings
 from detector.config import Settings
@@ -38,6 +39,7 @@ DbOption = Annotated[
 _MAX_ID_DIGITS = 18  # a longer number is no id (ids are 64-bit) but maybe a key
 
 
+@interruptible
 def show_cmd(
     incident: Annotated[
         str, typer.Argument(help="incident key (e.g. llm/vllm-llama@1741943017) or its id")
@@ -61,6 +63,7 @@ def show_cmd(
         render_incident(doc, Console())
 
 
+@interruptible
 def dead_letters_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
     database_url: DbOption = None,

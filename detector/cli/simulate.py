@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
+from detector.cli.exits import fail, interruptible
 from detector.cli.settings import cli_settings
 from detector.errors import DetectorError
 from detector.sim.loop import Containment, SimOutcome, simulate
@@ -22,6 +23,7 @@ from detector.sim.scenario import load_scenario, scenario_names
 from detector.textsafe import printable
 
 
+@interruptible
 def simulate_cmd(
     scenario: Annotated[
         str,
@@ -48,7 +50,7 @@ def simulate_cmd(
         settings = cli_settings(None, None)
         outcome = simulate(spec, settings, mode=containment, seed=seed, record=record, workdir=keep)
     except DetectorError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         typer.echo(outcome_json(outcome))
         return
@@ -82,8 +84,3 @@ def outcome_text(o: SimOutcome) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(printable(f"error: {message}", one_line=True), err=True)
-    raise typer.Exit(2)

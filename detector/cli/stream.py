@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from detector import db
+from detector.cli.exits import INTERRUPTED, fail, interruptible
 from detector.cli.settings import cli_settings
-from detector.config import KafkaSettings
+from detector.config import KafkaSettings, check_topic, load_workload_map
 from detector.errors import ConfigError, DetectorError
 from detector.report.document import incident_document, past_expiry
 from detector.report.read import load_incidents
@@ -32,6 +33,7 @@ BootstrapOption = Annotated[
 ]
 
 
+@interruptible
 def run_cmd(
     database_url: DbOption = None,
     bootstrap: BootstrapOption = None,
@@ -47,14 +49,19 @@ def run_cmd(
     workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Detect GPU OOM cascades live from Kafka until SIGTERM or SIGINT (at-least-once)."""
+    """Detect GPU OOM cascades live from Kafka until SIGTERM or SIGINT (at-least-once).
+
+    SIGTERM stops it after the batch in hand (exit 0); Ctrl-C (SIGINT) too, then says
+    ``interrupted`` (exit 130).
+    """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    stop = threading.Event()
+    received: list[int] = []  # the signals that stopped it
     try:
         settings = cli_settings(database_url, workloads)
-        kafka = settings.kafka
         options = {
             "bootstrap_servers": bootstrap,
             "topics": topics.split(",") if topics else None,
@@ -66,62 +73,73 @@ def run_cmd(
             "max_poll_records": max_poll_records,
         }
         updates = {k: v for k, v in options.items() if v is not None}
-        try:  # validated like the environment's values (ranges, types)
-            settings.kafka = KafkaSettings.model_validate(kafka.model_dump() | updates)
-        except ValidationError as exc:
-            raise ConfigError(f"invalid option: {_first_error(exc)}") from exc
-        stop = threading.Event()
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            logging.getLogger(__name__).info("stopping signal=%d", signum)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        settings.kafka = _kafka_with(settings.kafka, updates)
+        load_workload_map(settings.workloads_file)  # checked before anything connects
+        received = _stop_on_signals(stop)
         run_stream(settings, stop)
     except DetectorError as exc:
-        typer.echo(printable(f"error: {exc}"), err=True)
-        raise typer.Exit(2) from exc
+        if signal.SIGINT not in received:
+            fail(str(exc))
+    if signal.SIGINT in received:
+        typer.echo("interrupted: stopped cleanly, what was processed is committed", err=True)
+        raise typer.Exit(INTERRUPTED)
 
 
+def _stop_on_signals(stop: threading.Event) -> list[int]:
+    """Set ``stop`` on SIGTERM and SIGINT; return the list the signals received go into."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("stopping signal=%d", signum)
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return received
+
+
+@interruptible
 def produce_cmd(
     paths: Annotated[list[Path], typer.Argument(help="recorded stream files or folders")],
     topic: Annotated[str, typer.Option(help="topic to ship the records to")],
     bootstrap: BootstrapOption = None,
-    rate: Annotated[float | None, typer.Option(help="records per second (default: max)")] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="records per second, over 0 (default: max)")
+    ] = None,
     workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
 ) -> None:
     """Ship recorded files to a topic record by record, keyed by namespace/workload."""
     try:
+        _check_produce_options(topic, rate)
         settings = cli_settings(None, workloads)
-        if bootstrap:
-            settings.kafka.bootstrap_servers = bootstrap
+        if bootstrap is not None:
+            settings.kafka = _kafka_with(settings.kafka, {"bootstrap_servers": bootstrap})
+        load_workload_map(settings.workloads_file)  # checked before anything connects
         sent = produce_files(paths, topic, settings, rate_per_s=rate)
     except (DetectorError, FileNotFoundError) as exc:
-        typer.echo(printable(f"error: {exc}"), err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     typer.echo(printable(f"produced {sent} records to {topic}"))
 
 
+@interruptible
 def incidents_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON list")] = False,
     database_url: DbOption = None,
 ) -> None:
-    """List the incidents in the database (--json: the ``incidents`` shape of replay --json)."""
+    """List the incidents in the database (--json: the ``incidents`` shape of replay --json).
+
+    It only reads: a store that does not exist or is not migrated is an error (exit 2).
+    """
     try:
         settings = cli_settings(database_url, None)
-        engine = db.make_engine(settings.database.url)
-        try:
-            with db.session_factory(engine)() as session:
-                incidents = [
-                    incident_document(i.model_dump(mode="json"))
-                    for i in load_incidents(session=session)
-                ]
-        finally:
-            engine.dispose()
+        with db.existing_store(settings.database.url) as session:
+            incidents = [
+                incident_document(i.model_dump(mode="json"))
+                for i in load_incidents(session=session)
+            ]
     except DetectorError as exc:
-        typer.echo(printable(f"error: {exc}"), err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     if as_json:
         typer.echo(json.dumps(incidents, indent=2, default=str))
         return
@@ -158,7 +176,33 @@ def _waiting(inc: dict[str, Any]) -> list[str]:
     return lines
 
 
+_OPTION_OF = {"bootstrap_servers": "--bootstrap", "group_id": "--group"}
+
+
+def _kafka_with(kafka: KafkaSettings, updates: dict[str, Any]) -> KafkaSettings:
+    """Return ``kafka`` with the command's options, validated like the environment's values.
+
+    Raises ConfigError naming the option (``--max-poll-records: ...``).
+    """
+    try:
+        return KafkaSettings.model_validate(kafka.model_dump() | updates)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid option: {_first_error(exc)}") from exc
+
+
+def _check_produce_options(topic: str, rate: float | None) -> None:
+    """Raise ConfigError naming ``--topic`` or ``--rate`` when its value makes no sense."""
+    try:
+        check_topic(topic)
+    except ValueError as exc:
+        raise ConfigError(f"invalid option: --topic: {exc}") from exc
+    if rate is not None and not rate > 0:  # also NaN
+        raise ConfigError(f"invalid option: --rate: records per second must be over 0, not {rate}")
+
+
 def _first_error(exc: ValidationError) -> str:
-    """Return ``field: message`` of a validation error's first problem."""
-    err = exc.errors()[0]
-    return f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}"
+    """Return ``--option: message`` of a validation error's first problem."""
+    err = exc.errors(include_input=False, include_url=False)[0]
+    field = str(err["loc"][0]) if err["loc"] else "settings"
+    option = _OPTION_OF.get(field, f"--{field.replace('_', '-')}")
+    return f"{option}: {err['msg'].removeprefix('Value error, ')}"

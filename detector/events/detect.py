@@ -170,7 +170,7 @@ def _from_json_text(
             if signals is not None:
                 return signals
             if stripped[1:2] not in _JSON_ARRAY_STARTS:  # "[04:40:55 TP0] ...": text, not JSON
-                raise ParseError("unknown_format", "bracketed text line") from None
+                raise ParseError("unknown_format", f"bracketed {PLAIN_TEXT_HINT}") from None
         raise ParseError("malformed_json", str(exc)[:200]) from None
     try:
         if type(obj) is dict:  # what _from_json does first, without its call
@@ -262,11 +262,20 @@ def _from_text(
             if table is not None:
                 return table
         return signals_from_exposition_line(stripped, source, default_time=default_time)
-    except ParseError:
+    except ParseError as exc:
+        if identity is None and exc.reason == "unknown_format":
+            raise ParseError("unknown_format", PLAIN_TEXT_HINT) from None
         if identity is None:
             raise
     line = parse_raw_line(stripped, identity, default_time=default_time, not_after=not_after)
     return signals_from_log(line, source)
+
+
+PLAIN_TEXT_HINT = (
+    "text in no known format that names no pod; a pod's own log (kubectl logs) is read with "
+    "replay --namespace NS --pod POD"
+)
+"""The dead letter's detail of a text line that no format took and no identity was given for."""
 
 
 def _pod_of(identity: LogIdentity | None) -> tuple[str | None, str | None]:

@@ -148,7 +148,9 @@ def add_evidence(
 ) -> Evidence:
     """Attach one piece of evidence from the record at ``source``; re-delivery returns the row.
 
-    The unique key is (incident, kind, source origin, partition, position).
+    The unique key is (incident, kind, source origin, partition, position). The same record
+    arriving from another source (a copy of a file, a message produced twice) adds nothing
+    either: evidence of the same kind, pod, time, text and attrs returns the row kept first.
     """
     values = {
         "incident_id": incident.id,
@@ -160,12 +162,32 @@ def add_evidence(
         "text": clean_text(text),
         "attrs": clean_json(dict(attrs)),
     }
+    same = _same_evidence(session, values)
+    if same is not None:
+        return same
     keys = ["incident_id", "kind", "source_origin", "source_partition", "source_position"]
     row, inserted = get_or_insert(session, Evidence, values, keys)
     if inserted:
         session.expire(incident, ["evidence"])
         _touch(incident, time)
     return row
+
+
+def _same_evidence(session: Session, values: Mapping[str, Any]) -> Evidence | None:
+    """Return the incident's evidence of the same record content as ``values``, or None.
+
+    Looked up on (incident, time) (index ``ix_evidence_incident_time``), then kind, pod, text
+    and attrs compared.
+    """
+    stmt = select(Evidence).filter_by(
+        incident_id=values["incident_id"],
+        time=values["time"],
+        kind=values["kind"],
+        pod=values["pod"],
+        text=values["text"],
+    )
+    rows = session.scalars(stmt.order_by(Evidence.id))
+    return next((row for row in rows if row.attrs == values["attrs"]), None)
 
 
 @store_errors

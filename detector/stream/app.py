@@ -10,6 +10,7 @@ from pathlib import Path
 
 from detector import db
 from detector.config import Settings, load_workload_map
+from detector.correlate import forecast
 from detector.correlate.identity import WorkloadResolver
 from detector.errors import ParseError
 from detector.events.detect import parse_record
@@ -30,12 +31,17 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     """
     kafka = settings.kafka
     db.upgrade(settings.database.url)
+    forecast.preload()  # not on the first incident's forecast: a second of imports
     engine = db.make_engine(settings.database.url)
-    sink = KafkaSink(kafka.bootstrap_servers)
+    sink = KafkaSink(kafka.bootstrap_servers, bootstrap_timeout_ms=kafka.bootstrap_timeout_ms)
     make_session = db.session_factory(engine)
     notifier = Notifier(settings, make_session) if settings.slack.enabled else None
     try:
-        ensure_topics(kafka.bootstrap_servers, [kafka.dead_letter_topic])
+        ensure_topics(
+            kafka.bootstrap_servers,
+            [kafka.dead_letter_topic],
+            bootstrap_timeout_ms=kafka.bootstrap_timeout_ms,
+        )
         loop = StreamLoop(settings, make_session, sink,
                           on_commit=notifier.wake if notifier else lambda: None)  # fmt: skip
         if notifier is not None:
@@ -110,9 +116,9 @@ def produce_files(
     ``rate_per_s`` paces the records (None: as fast as the broker takes them). Raises
     StreamError when the broker fails, FileNotFoundError for a missing path.
     """
-    bootstrap = settings.kafka.bootstrap_servers
-    ensure_topics(bootstrap, [topic])
-    sink = KafkaSink(bootstrap)
+    bootstrap, timeout_ms = settings.kafka.bootstrap_servers, settings.kafka.bootstrap_timeout_ms
+    ensure_topics(bootstrap, [topic], bootstrap_timeout_ms=timeout_ms)
+    sink = KafkaSink(bootstrap, bootstrap_timeout_ms=timeout_ms)
     sent = 0
     started = time.monotonic()
     try:

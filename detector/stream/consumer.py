@@ -19,6 +19,7 @@ from kafka.structs import OffsetAndMetadata
 
 from detector.config import KafkaSettings
 from detector.errors import StreamError
+from detector.stream.bootstrap import client_options, connecting
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ class KafkaSource:
     def __init__(
         self, settings: KafkaSettings, on_assign: Callable[[list[Partition]], None]
     ) -> None:
-        try:
+        servers, timeout_ms = settings.bootstrap_servers, settings.bootstrap_timeout_ms
+        with connecting(servers, "consume from", timeout_ms):
             self._consumer = KafkaConsumer(
-                bootstrap_servers=settings.bootstrap_servers.split(","),
+                **client_options(servers, timeout_ms),
                 group_id=settings.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
@@ -86,8 +88,9 @@ class KafkaSource:
                 max_poll_records=settings.max_poll_records,
                 partition_assignment_strategy=(RangePartitionAssignor,),
             )
-            self._listener = _Listener()
-            self._on_assign = on_assign
+        self._listener = _Listener()
+        self._on_assign = on_assign
+        try:
             self._consumer.subscribe(settings.topics, listener=self._listener)
         except KafkaError as exc:
             raise StreamError(f"cannot consume {settings.topics}: {exc}") from exc

@@ -9,6 +9,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from detector.errors import StreamError
+from detector.stream.bootstrap import client_options, connecting
 
 log = logging.getLogger(__name__)
 
@@ -18,13 +19,14 @@ Headers = list[tuple[str, bytes]]
 class KafkaSink:
     """Send records to Kafka; ``flush`` waits until every sent record is acknowledged."""
 
-    def __init__(self, bootstrap_servers: str) -> None:
-        try:
-            self._producer = KafkaProducer(
-                bootstrap_servers=bootstrap_servers.split(","), acks="all", linger_ms=5
-            )
-        except KafkaError as exc:
-            raise StreamError(f"cannot produce to {bootstrap_servers}: {exc}") from exc
+    def __init__(self, bootstrap_servers: str, *, bootstrap_timeout_ms: int | None = None) -> None:
+        """Connect; raise StreamError when no broker answers within ``bootstrap_timeout_ms``.
+
+        ``bootstrap_timeout_ms`` None: kafka-python's default (30 s).
+        """
+        options = client_options(bootstrap_servers, bootstrap_timeout_ms)
+        with connecting(bootstrap_servers, "produce to", bootstrap_timeout_ms):
+            self._producer = KafkaProducer(**options, acks="all", linger_ms=5)
 
     def send(
         self,
@@ -58,12 +60,17 @@ class KafkaSink:
             log.warning("producer close failed error=%s", exc)
 
 
-def ensure_topics(bootstrap_servers: str, topics: list[str], partitions: int = 1) -> None:
+def ensure_topics(
+    bootstrap_servers: str,
+    topics: list[str],
+    partitions: int = 1,
+    *,
+    bootstrap_timeout_ms: int | None = None,
+) -> None:
     """Create the topics that do not exist yet (replication factor 1); raises StreamError."""
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","))
-    except KafkaError as exc:
-        raise StreamError(f"cannot reach {bootstrap_servers}: {exc}") from exc
+    options = client_options(bootstrap_servers, bootstrap_timeout_ms)
+    with connecting(bootstrap_servers, "create topics on", bootstrap_timeout_ms):
+        admin = KafkaAdminClient(**options)
     try:
         existing = set(admin.list_topics())
         missing = [t for t in topics if t not in existing]

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.sessions import SessionMiddleware
@@ -31,6 +32,30 @@ from detector.web.context import WebContext
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
+MAX_PROBLEMS = 10  # a 422 lists at most this many problems
+MAX_PROBLEM_CHARS = 200  # and cuts each message (and each part of its location) to this
+
+
+async def invalid_request(_request: Request, exc: Exception) -> Response:
+    """Answer 422 with where and what is wrong, never the input given: it may be long or secret.
+
+    FastAPI's own handler echoes each invalid value (``input``) back, a 2,000-character body
+    included (https://fastapi.tiangolo.com/tutorial/handling-errors/).
+    """
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    problems = [
+        {
+            "loc": [_cut(part) for part in err.get("loc", ())][:MAX_PROBLEMS],
+            "msg": str(err.get("msg", ""))[:MAX_PROBLEM_CHARS],
+            "type": str(err.get("type", ""))[:MAX_PROBLEM_CHARS],
+        }
+        for err in errors[:MAX_PROBLEMS]
+    ]
+    return JSONResponse({"detail": problems, "problems": len(errors)}, status_code=422)
+
+
+def _cut(part: object) -> int | str:
+    return part if isinstance(part, int) else str(part)[:MAX_PROBLEM_CHARS]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -62,6 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=None,
     )
     app.state.web = ctx
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
     @app.middleware("http")
     async def boundary(

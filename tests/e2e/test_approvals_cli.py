@@ -273,7 +273,7 @@ def test_the_brakes_work_with_a_broken_unrelated_setting_and_leak_no_token(tmp_p
     on = detector("kill-switch", "on", "--reason", "emergency", "--db", url, **broken)
     assert on.returncode == 0 and "kill switch on" in on.stdout, on.stderr
     assert "warning: invalid DETECTOR_* setting" in on.stderr and secret not in on.stderr
-    assert "correlate.sustain_s" in on.stderr and "web.tokens" in on.stderr
+    assert "DETECTOR_CORRELATE__SUSTAIN_S" in on.stderr and "DETECTOR_WEB__TOKENS" in on.stderr
     disarmed = detector("disarm", "llm/never-seen", "--db", url, **broken)  # no --force needed
     assert disarmed.returncode == 0 and "dry-run only" in disarmed.stdout, disarmed.stderr
     armed = detector("arm", "llm/never-seen", "--force", "--db", url, **broken)  # not a brake

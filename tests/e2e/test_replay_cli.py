@@ -124,7 +124,7 @@ def test_an_invalid_setting_is_a_clear_error(tmp_path: Path) -> None:
     env = {**os.environ, "DETECTOR_CORRELATE__MEMORY_CEILING": "95"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert proc.returncode == 2
-    assert "memory_ceiling" in proc.stderr and "Traceback" not in proc.stderr
+    assert "DETECTOR_CORRELATE__MEMORY_CEILING" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_the_readable_report_names_every_part(tmp_path: Path) -> None:

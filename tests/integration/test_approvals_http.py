@@ -109,6 +109,20 @@ def test_a_decision_on_a_plan_that_changed_is_refused(server: dict[str, Any]) ->
     assert code == 409 and "the plan changed" in body["detail"], body
 
 
+def test_an_invalid_body_is_a_short_422_that_does_not_echo_it(server: dict[str, Any]) -> None:
+    reason = "r" * 2000  # over DecisionIn.reason's 1,000 characters
+    code, body = post(server, step_path(server, "stagger_restarts"), ALICE, {"reason": reason})
+    assert code == 422
+    assert body["detail"] == [
+        {
+            "loc": ["body", "reason"],
+            "msg": "String should have at most 1000 characters",
+            "type": "string_too_long",
+        }
+    ]
+    assert reason[:100] not in json.dumps(body) and len(json.dumps(body)) < 300
+
+
 def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) -> None:
     raw_key_path = f"/api/incidents/{server['key']}/steps/3/approve"  # "/" in the key, unencoded
     code, body = post(server, raw_key_path, ALICE, {"reason": "crash-looping, go"})

@@ -164,22 +164,24 @@ def test_victims_keep_their_order_of_failure(session: Session) -> None:
 def test_evidence_is_deduplicated_by_source_record(session: Session) -> None:
     incident = _incident(session)
 
-    def add(source: SourcePos) -> Evidence:
+    def add(source: SourcePos, time: float = T0 + 1.25) -> Evidence:
         return service.add_evidence(
             session=session,
             incident=incident,
             kind="gpu_oom",
             pod="vllm-llama-7d9-a",
-            time=T0 + 1.25,
+            time=time,
             source=source,
             summary="CUDA out of memory: tried 2.00 GiB",
             text="torch.OutOfMemoryError: CUDA out of memory\x00",
             attrs={"bytes_tried": 2 * 1024**3, "framework": "vllm", "note": "nul\x00"},
         )
 
-    first, again, kafka = add(LOG), add(LOG), add(KAFKA)
+    first, again, kafka = add(LOG), add(LOG), add(KAFKA, T0 + 2.5)
+    copy = add(SourcePos(origin="/var/log/pods/copy/0.log", position=LOG.position))
     session.commit()
     assert again.id == first.id
+    assert copy.id == first.id  # the same record from another source adds nothing
     assert kafka.id != first.id
     assert _count(session, Evidence) == 2
     session.expire_all()

@@ -288,12 +288,43 @@ def test_engine_and_gateway() -> None:
     [
         ({"tensor_parallel": 3}, "do not split evenly"),
         ({"utilization": 1.5}, "utilization must be in"),
-        ({"kv_cache_dtype": "int3"}, "unknown dtype"),
+        ({"kv_cache_dtype": "int3"}, "^--kv-cache-dtype: unknown dtype 'int3'; accepted: auto, "),
+        # 32 attention heads: a rank cannot hold half a head (vLLM refuses it too)
+        (
+            {"tensor_parallel": 64},
+            "--tensor-parallel 64: 32 attention heads .* 1, 2, 4, 8, 16, 32$",
+        ),
+        ({"dtype": "int4"}, r"^--dtype: unknown dtype 'int4'; accepted: .* \(quantized weights"),
+        ({"max_len": 1}, "^--max-len 1: a request length is at least 16 tokens"),
+        ({"max_len": 131_073}, "^--max-len 131073: over the model's context of 131,072 tokens"),
     ],
 )
 def test_bad_requests(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         compute(request(LLAMA, **changes))
+
+
+def test_a_dtype_the_config_gives_is_named_as_the_configs() -> None:
+    bad = replace(shape(LLAMA), dtype="int4")
+    with pytest.raises(ConfigError, match=r"^config\.json torch_dtype: unknown dtype 'int4'"):
+        compute(replace(request(LLAMA), shape=bad))
+    doc = compute(replace(request(LLAMA, kv_cache_dtype="fp8", weights_bytes=GIB), shape=bad))
+    assert doc["kv_bytes_per_token"] == 65_536  # the KV cache's own dtype is enough
+
+
+@pytest.mark.parametrize(
+    ("rope", "context"),
+    [
+        (None, 32_768),
+        ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}, 131_072),
+        ({"rope_type": "linear", "factor": 2.0}, 65_536),
+        ({"rope_type": "llama3", "factor": 8.0}, 32_768),  # positions already scaled
+    ],
+)
+def test_the_longest_request_follows_rope_scaling(rope: Any, context: int) -> None:
+    # vLLM _get_and_verify_max_len: max_position_embeddings x factor, but for llama3/su/longrope
+    doc = {**raw(QWEN), "max_position_embeddings": 32_768, "rope_scaling": rope}
+    assert parse_model_config(doc).context_tokens == context
 
 
 # vLLM V1 start-up lines in their real wordings (sources: detector/events/engine_lines.py);

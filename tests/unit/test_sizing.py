@@ -14,6 +14,7 @@ from detector.capacity.sizing import (
     VLLM_DEFAULT_MAX_NUM_SEQS,
     KvCapacity,
     ceiling_from_evidence,
+    check_tensor_parallel,
     connection_limit,
     infer_engine,
     kv_bytes_per_token,
@@ -23,6 +24,7 @@ from detector.capacity.sizing import (
     max_concurrent_sequences,
     normalize_engine,
     safe_ceilings,
+    tensor_parallel_sizes,
     usable_bytes,
 )
 
@@ -305,6 +307,22 @@ def test_kv_heads_per_gpu(kv_heads: int, tensor_parallel: int, per_gpu: int) -> 
 def test_kv_heads_that_do_not_split_are_rejected(kv_heads: int, tensor_parallel: int) -> None:
     with pytest.raises(ValueError):
         kv_heads_per_gpu(kv_heads, tensor_parallel)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "sizes"),
+    [
+        (32, 8, [1, 2, 4, 8, 16, 32]),  # Llama-3.1-8B: KV heads replicated from 16 ranks up
+        (64, 8, [1, 2, 4, 8, 16, 32, 64]),  # Qwen2.5-72B
+        (40, 8, [1, 2, 4, 8, 40]),  # 40 heads: 5, 10, 20 cannot split 8 KV heads
+        (28, 4, [1, 2, 4, 28]),  # 7 or 14 ranks would split 4 KV heads unevenly
+    ],
+)
+def test_tensor_parallel_sizes(heads: int, kv_heads: int, sizes: list[int]) -> None:
+    assert tensor_parallel_sizes(heads, kv_heads) == sizes
+    check_tensor_parallel(heads, kv_heads, sizes[-1])
+    with pytest.raises(ValueError, match=f"sizes that work: {', '.join(map(str, sizes))}$"):
+        check_tensor_parallel(heads, kv_heads, 2 * heads)
 
 
 def test_tensor_parallel_divides_the_kv_heads_of_one_gpu() -> None:

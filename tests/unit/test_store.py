@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Column, Engine, MetaData, Table, select, text
+from sqlalchemy import Column, Engine, MetaData, Table, func, select, text
 from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
@@ -221,3 +222,45 @@ def test_dead_letter_raw_is_truncated_to_the_limit(session: Session) -> None:
     assert len(letter.raw) == RAW_LIMIT_BYTES and letter.raw_size_bytes == 2 * RAW_LIMIT_BYTES
     assert len(letter.detail) == service.DETAIL_LIMIT_CHARS
     assert letter.created_at == to_datetime(T0)
+
+
+def test_the_same_record_from_another_source_adds_no_evidence(session: Session) -> None:
+    incident = service.get_or_create_incident(
+        session=session,
+        key="llm/w@1",
+        namespace="llm",
+        workload="w",
+        workload_kind="Deployment",
+        cluster=None,
+        stage="suspected",
+        opened_at=T0,
+    )
+
+    def add(source: SourcePos, **changes: object) -> Evidence:
+        values: dict[str, Any] = {
+            "kind": "engine_config",
+            "pod": "w-1",
+            "time": T0,
+            "summary": "vllm config",
+            "text": "max_num_seqs=256",
+            "attrs": {"max_num_seqs": 256},
+        }
+        return service.add_evidence(
+            session=session, incident=incident, source=source, **(values | changes)
+        )
+
+    first = add(SourcePos(origin="a/container-logs.jsonl", position=5))
+    again = add(SourcePos(origin="b/container-logs.jsonl", position=5))  # a copy of the file
+    kafka = add(SourcePos(origin="k8s-logs", position=9, partition=0))  # produced as well
+    assert first.id == again.id == kafka.id
+    assert again.source == SourcePos(origin="a/container-logs.jsonl", position=5)
+    others = [
+        add(SourcePos(origin="b", position=1), time=T0 + 1),
+        add(SourcePos(origin="b", position=2), pod="w-2"),
+        add(SourcePos(origin="b", position=3), attrs={"max_num_seqs": 128}),
+        add(SourcePos(origin="b", position=4), text="max_num_seqs=128"),
+        add(SourcePos(origin="b", position=5), kind="gpu_oom"),
+    ]
+    assert len({first.id, *(row.id for row in others)}) == 6
+    session.commit()
+    assert session.scalar(select(func.count()).select_from(Evidence)) == 6
