@@ -27,6 +27,10 @@ def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
             """e.g. DETECTOR_CONTAINMENT__APPROVERS='["alice"]'"""
         ) from exc
     if database_url:
+        if "://" not in database_url:  # a file path: say how to write it as a URL
+            raise ConfigError(
+                f"--db takes a SQLAlchemy URL, not a path: sqlite:///{Path(database_url).resolve()}"
+            )
         settings.database.url = database_url
     if workloads:
         settings.workloads_file = workloads

@@ -10,6 +10,7 @@ settings), said in one line on stderr.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,7 @@ import typer
 from detector.cli.exits import fail, interruptible
 from detector.cli.settings import cli_settings
 from detector.errors import DetectorError
-from detector.sim.loop import Containment, SimOutcome, simulate
+from detector.sim.loop import STORE, Containment, SimOutcome, simulate
 from detector.sim.scenario import load_scenario, scenario_names
 from detector.textsafe import printable
 
@@ -41,22 +42,31 @@ def simulate_cmd(
         Path | None, typer.Option(help="write the streams here, as files `detector replay` reads")
     ] = None,
     keep: Annotated[
-        Path | None, typer.Option(help="keep the store here (`detector show --db ...` reads it)")
+        Path | None,
+        typer.Option(
+            help="keep the store in this new folder (detector show --db sqlite:///DIR/sim.db)"
+        ),
     ] = None,
 ) -> None:
-    """Simulate a GPU OOM cascade in a closed loop and print what containment changed."""
+    """Simulate a GPU OOM cascade in a closed loop and print what containment changed.
+
+    The detector's own warnings are not shown (its store, kept with --keep, has them all).
+    """
+    logging.basicConfig(level=logging.ERROR)
     try:
         spec = load_scenario(scenario)
         settings = cli_settings(None, None)
         outcome = simulate(spec, settings, mode=containment, seed=seed, record=record, workdir=keep)
     except DetectorError as exc:
         fail(str(exc))
+    except OSError as exc:  # --record or --keep: a folder that cannot be written
+        fail(f"cannot write {exc.filename or record or keep}: {exc.strerror or exc}")
     if as_json:
         typer.echo(outcome_json(outcome))
         return
     typer.echo(printable(outcome_text(outcome)))
     if keep is not None:
-        typer.echo(f"store: sqlite:///{keep / 'sim.db'}", err=True)
+        typer.echo(f"store: sqlite:///{keep.resolve() / STORE}", err=True)
 
 
 def outcome_json(outcome: SimOutcome) -> str:
@@ -67,20 +77,26 @@ def outcome_json(outcome: SimOutcome) -> str:
 def outcome_text(o: SimOutcome) -> str:
     """Return the outcome as a few aligned lines."""
 
-    def secs(value: float | None) -> str:
-        return "-" if value is None else f"{value:.0f} s"
+    def since(value: float | None, never: str) -> str:
+        return never if value is None else f"{value:.0f} s after the first GPU OOM"
 
+    victims = f": {', '.join(o.victims)}" if o.victims else ""
     rows = [
         ("scenario", f"{o.scenario} (seed {o.seed}), containment {o.containment}"),
-        ("pods lost", f"{o.pods_lost} of {o.pods_total}: {', '.join(o.victims) or 'none'}"),
-        ("requests", f"{o.requests:,}"),
+        ("pods lost to GPU OOM", f"{o.pods_lost} of {o.pods_total}{victims}"),
+        ("requests (retries too)", f"{o.requests:,}"),
         ("failed (5xx)", f"{o.failed_requests:,}"),
         ("shed (429)", f"{o.shed_requests:,}"),
-        ("detected (cascading)", secs(o.detect_s) + " after the first GPU OOM"),
-        ("contained (first action)", secs(o.contain_s) + " after the first GPU OOM"),
-        ("every pod serving again", secs(o.recover_s) + " after the first GPU OOM"),
-        ("incident", f"{o.incident or 'none'} ({o.stage or '-'})"),
+        ("cascading", since(o.detect_s, "never")),
+        ("first containment action", since(o.contain_s, "none")),
+        (
+            "every pod serving again",
+            since(o.recover_s, "-" if o.pods_lost == 0 else "not by the end"),
+        ),
+        ("incident", f"{o.incident} ({o.stage})" if o.incident else "none"),
+        ("verdict", o.verdict or "none"),
         ("actions", "; ".join(o.actions) or "none"),
+        ("still in force at the end", "; ".join(o.in_force) or "nothing"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

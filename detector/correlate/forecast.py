@@ -70,7 +70,10 @@ class NextVictim:
         return self.fitted_at + self.eta_s
 
     def summary(self) -> str:
-        """Return the timeline's line: ``next victim at risk: pod X in ~N s``."""
+        """Return the timeline's line: ``next victim at risk: pod X in ~N s``, or ``..., at its
+        ceiling now`` for a pod whose pressure is there already (an ETA under a second)."""
+        if self.eta_s < 1.0:
+            return f"next victim at risk: pod {self.pod}, at its ceiling now"
         return f"next victim at risk: pod {self.pod} in ~{self.eta_s:.0f} s"
 
 

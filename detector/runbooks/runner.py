@@ -234,7 +234,7 @@ def advance(
         if not _claim_approval(session, incident, t, cond, now):
             continue  # decided meanwhile: the next round reads the decision
         if t.move in ACTUATOR_MOVES:
-            t = _act(t, containment)
+            t = act(t, containment)
         row = rows[t.step.position]
         if t.replan is not None:
             run_service.set_step_params(session=session, step=row, params=t.replan, time=now)
@@ -346,7 +346,7 @@ def _approval(row: StepApproval) -> Approval:
     return Approval(row.status, row.decided_by, row.via, row.reason, event_at)
 
 
-def _act(t: Transition, c: Containment) -> Transition:
+def act(t: Transition, c: Containment) -> Transition:
     """Perform an acting move through its actuator; never raises (the step runner's boundary)."""
     action = t.step.action.value
     actuator = c.actuators.get(action) or DryRunActuator(_believed(t.record))
@@ -360,8 +360,13 @@ def _act(t: Transition, c: Containment) -> Transition:
             plan = actuator.plan_step(replace(t.step, params=dict(t.params or {})))
             result = actuator.apply(plan, dry_run=dry_run)
     except ActuatorError as exc:  # refused, or the target is gone: an outcome, not a bug
-        log.warning("actuator refused step=%s move=%s: %s", t.step.step_id, t.move.value, exc)
-        result = _failed(t, action, exc.reason, str(exc))
+        if t.move is Move.RESTART and exc.reason is Reason.NOT_FOUND:
+            # the pod is gone: its controller replaced it since it was planned (a rollout, a
+            # person); there is nothing left to restart, and the next pod's turn comes
+            result = ActionResult(action, "actuator", Operation.APPLY, Status.UNCHANGED)
+        else:
+            log.warning("actuator refused step=%s move=%s: %s", t.step.step_id, t.move.value, exc)
+            result = _failed(t, action, exc.reason, str(exc))
     except Exception as exc:  # the background step runner's boundary: one step, not the stream
         log.exception("actuator failed step=%s move=%s", t.step.step_id, t.move.value)
         result = _failed(t, action, Reason.ERROR, f"{type(exc).__name__}: {exc}")

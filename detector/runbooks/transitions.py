@@ -619,7 +619,13 @@ def settle(t: Transition, result: ActionResult, plan: dict[str, Any] | None) -> 
             return replace(t, reason=why, diff=result.diff, record=replace(rec, lift_at=now))
         failed = replace(rec, reason=why, mode=rec.mode or mode, **_to(StepState.FAILED, "failed"))
         return replace(t, reason=why, diff=result.diff, record=failed)
-    reason = t.reason + (" (already in place)" if result.status is Status.UNCHANGED else "")
+    reason = t.reason
+    if result.status is Status.UNCHANGED:
+        reason += (
+            " (the pod was replaced since: nothing to restart)"
+            if t.move is Move.RESTART
+            else " (already in place)"
+        )
     new = replace(rec, mode=rec.mode or mode, blocked=None, current=plan)
     if rec.mode is None:
         new = replace(new, applied_at=now, params=dict(t.params or {}), plan=plan)

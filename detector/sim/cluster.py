@@ -118,6 +118,18 @@ class SimCluster:
             return self.endpoint.evict(path.rsplit("/", 1)[-1])
         return False
 
+    def in_force(self) -> list[str]:
+        """Return what the detector's writes left changed: engine args, the gateway limit."""
+        out: list[str] = []
+        e = self.scenario.engine
+        first = {"max-num-seqs": e.max_num_seqs, "max-num-batched-tokens": e.max_num_batched_tokens,
+                 "max-model-len": e.max_model_len}  # fmt: skip
+        now = self.endpoint.deployment_args()
+        out += [f"--{k}={now[k]} (was {v})" for k, v in first.items() if now.get(k, v) != v]
+        if self.endpoint.gateway.limit is not None:
+            out.append(f"nginx: {_describe(self.endpoint.gateway.limit)}")
+        return out
+
     def sync(self) -> None:
         """Show the model's pods and the Deployment's status as the API server would."""
         views = self.endpoint.pods()

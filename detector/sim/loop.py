@@ -43,12 +43,13 @@ from detector.config import (
     Settings,
     SlackSettings,
 )
-from detector.errors import ParseError
+from detector.errors import ConfigError, ParseError
 from detector.events.model import SourcePos
 from detector.notify import flows as notify_flows
 from detector.pipeline import Parsed, Processor, parse_checked
 from detector.postmortem.export import export_postmortem
 from detector.report.listing import list_incidents
+from detector.report.read import load_verdicts
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.sim.cluster import SimCluster
 from detector.sim.gateway import NginxStandIn
@@ -58,6 +59,7 @@ from detector.sim.scenario import Scenario
 
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
 APPROVER = "sim-oncall"
+STORE = "sim.db"  # the store's file in the work folder
 
 
 class Containment(StrEnum):
@@ -75,11 +77,16 @@ START = 1_741_942_800.0  # 2025-03-14T09:00:00Z, as the bundled recordings: even
 class SimOutcome:
     """What happened in one run: the endpoint's figures and the detector's.
 
-    Times are seconds from the first GPU OOM (None when it did not happen): ``detect_s`` to
-    the incident's ``cascading`` stage (from the postmortem's detection milestones),
-    ``contain_s`` to the first write of the real actuators that reached the cluster,
-    ``recover_s`` until every replica serves again. ``actions`` are those writes, in order:
-    ``METHOD path`` for the Kubernetes API, ``nginx: ...`` for the gateway's limit.
+    ``pods_lost`` counts the replicas that died of GPU OOM at least once (``victims``: the
+    first pod of each, in order); ``requests`` counts every attempt, clients' retries
+    included, so ``failed_requests`` (5xx) and ``shed_requests`` (429) are shares of it (a few
+    are still in flight when the run ends). Times are seconds from the first GPU OOM (None
+    when it did not happen): ``detect_s`` to the incident's ``cascading`` stage (from the
+    postmortem's detection milestones), ``contain_s`` to the first write of the real
+    actuators that reached the cluster, ``recover_s`` until every replica serves again and
+    keeps serving to the end of the run. ``actions`` are those writes, in order: ``METHOD
+    path`` for the Kubernetes API, ``nginx: ...`` for the gateway's limit; ``in_force`` what
+    they left changed at the end. ``verdict``: the reason of a "not this pattern" verdict.
     """
 
     scenario: str
@@ -96,7 +103,9 @@ class SimOutcome:
     recover_s: float | None
     incident: str | None
     stage: str | None
+    verdict: str | None = None
     actions: list[str] = field(default_factory=list)
+    in_force: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the outcome as JSON-ready data."""
@@ -125,7 +134,7 @@ def sim_settings(
     )
     return base.model_copy(
         update={
-            "database": DatabaseSettings(url=f"sqlite:///{work / 'sim.db'}"),
+            "database": DatabaseSettings(url=f"sqlite:///{work / STORE}"),
             "dry_run": mode is Containment.OFF,
             "containment": containment,
             "slack": SlackSettings(),
@@ -146,9 +155,15 @@ def simulate(
     """Run ``scenario`` in a closed loop with the detector and return its outcome.
 
     ``record`` writes the streams as files ``detector replay`` reads (one per stream, the
-    model's file names); ``workdir`` keeps the store and kubeconfig (default: a temporary
-    directory removed at the end). Raises ConfigError/RunbookError/StoreError on bad setup.
+    model's file names); ``workdir`` keeps the store, the kubeconfig and the gateway's files
+    (default: a temporary directory removed at the end; one that holds a store already is
+    refused: two runs would merge into one incident). Raises ConfigError/RunbookError/
+    StoreError on bad setup, OSError when ``record`` or ``workdir`` cannot be written.
     """
+    if workdir is not None and (workdir / STORE).exists():
+        raise ConfigError(
+            f"{workdir} holds a simulation's store already ({STORE}): choose a new folder"
+        )
     with ExitStack() as stack:
         work = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
@@ -159,8 +174,8 @@ def simulate(
         cluster = SimCluster(endpoint, kube, gateway, scenario)
         settings = sim_settings(base, scenario, mode, work, gateway)
         sinks = stack.enter_context(_sinks(record))
-        key = _run(endpoint, cluster, settings, sinks, approve_after_s)
-        return _outcome(endpoint, cluster, settings, key, mode, seed)
+        key, verdict = _run(endpoint, cluster, settings, sinks, approve_after_s)
+        return _outcome(endpoint, cluster, settings, (key, verdict), mode, seed)
 
 
 def _run(
@@ -169,8 +184,12 @@ def _run(
     settings: Settings,
     sinks: Sinks | None,
     approve_after_s: float,
-) -> str | None:
-    """Advance the model to its end, feeding the detector; return the cascade's incident key."""
+) -> tuple[str | None, str | None]:
+    """Advance the model to its end, feeding the detector.
+
+    Returns the key of the first incident the run opened and the reason of its first "not
+    this pattern" verdict (None when there was none).
+    """
     processor = Processor.from_settings(settings)
     db.upgrade(settings.database.url)
     engine = db.make_engine(settings.database.url)
@@ -198,7 +217,9 @@ def _run(
             session.commit()
         processor.finish(session)
         session.commit()
-        return _cascade_key(processor, session)
+        verdicts = load_verdicts(session=session, dedupe_keys=list(processor.verdicts)[:1])
+        key = next(iter(processor.seen), None)
+        return key, verdicts[0].reason if verdicts else None
     finally:
         session.close()
         engine.dispose()
@@ -245,20 +266,15 @@ def _approve(
             )
 
 
-def _cascade_key(processor: Processor, session: Session) -> str | None:
-    """Return the key of the first incident the run wrote (None: no incident)."""
-    return next(iter(processor.seen), None)
-
-
 def _outcome(
     endpoint: Endpoint,
     cluster: SimCluster,
     settings: Settings,
-    key: str | None,
+    found: tuple[str | None, str | None],
     mode: Containment,
     seed: int | None,
 ) -> SimOutcome:
-    o, s = endpoint.outcome, endpoint.scenario
+    (key, verdict), o, s = found, endpoint.outcome, endpoint.scenario
     first = o.first_oom_at
     milestones = _milestones(settings, key) if key is not None else {}
 
@@ -280,7 +296,9 @@ def _outcome(
         recover_s=since_first(o.all_serving_at),
         incident=key,
         stage=milestones.get("stage"),
+        verdict=verdict,
         actions=[what for _, what in cluster.writes],
+        in_force=cluster.in_force(),
     )
 
 

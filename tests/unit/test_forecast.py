@@ -150,6 +150,7 @@ def test_eta_of_a_steady_rise_and_over_the_ceiling() -> None:
     assert rising.summary() == f"next victim at risk: pod p in ~{rising.eta_s:.0f} s"
     over = one([0.60, 0.60, 0.60, 0.60, 0.97])
     assert over is not None and over.eta_s == 0.0 and over.ratio == 0.97
+    assert over.summary() == "next victim at risk: pod p, at its ceiling now"
 
 
 def test_gaps_are_dropped_not_read_as_zero() -> None:
@@ -229,7 +230,9 @@ def test_the_correlator_announces_the_next_victim_of_the_bundled_cascade() -> No
     assert 1 <= len(announced) <= 8  # re-announced on news only: no flood
     for d in announced:
         pod = str(d.signal.attrs["pod"])
-        assert d.summary == f"next victim at risk: pod {pod} in ~{d.signal.attrs['eta_s']:.0f} s"
+        eta = float(d.signal.attrs["eta_s"])  # type: ignore[arg-type]
+        when = f" in ~{eta:.0f} s" if eta >= 1 else ", at its ceiling now"
+        assert d.summary == f"next victim at risk: pod {pod}{when}"
         assert pod in died and d.signal.time < died[pod]  # named before its death
         # the record of the pod's latest pressure reading: a metric sample or an engine line
         assert d.signal.pod == pod and d.signal.kind is SignalKind.ENGINE_PRESSURE

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from detector.actuators.base import ActionResult, Operation, Status
+from detector.actuators.base import ActionResult, ActuatorError, Operation, Plan, Reason, Status
 from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.runbooks.definition import Action, OnFailure
 from detector.runbooks.health import Health
 from detector.runbooks.loader import default_runbook_path, load_runbook
 from detector.runbooks.planner import PlannedStep, plan
-from detector.runbooks.runner import dry_run_change
+from detector.runbooks.runner import Containment, act, dry_run_change
 from detector.runbooks.steps import Approval, StepRecord, StepState
 from detector.runbooks.transitions import (
     ACTUATOR_MOVES,
@@ -380,6 +380,38 @@ def test_staggered_restarts_one_pod_at_a_time() -> None:
     assert held is not None and held.move is Move.BLOCKED
     capped = next_transition([step], records, cond(T0 + 180, actions_last_hour=6))
     assert capped is not None and capped.move is Move.BLOCKED and "cap" in capped.reason
+
+
+def test_a_pod_replaced_since_the_plan_is_passed_over_not_failed() -> None:
+    # the runner turns the actuator's not_found for a restart's pod into ``unchanged``: the pod
+    # was replaced (by a rollout, a person) and there is nothing left to restart
+    step = replace(RESTART, params={**RESTART.params, "pods": '["a", "b"]', "spacing_s": "60"})
+    records = {step.step_id: rec(StepState.APPROVED)}
+    t = next_transition([step], records, cond(T0))
+    assert t is not None and t.move is Move.RESTART
+    done = settle(t, _result(Status.UNCHANGED), {"diff": ""})
+    assert "replaced since: nothing to restart" in done.reason
+    assert done.record.state == "applying" and [x["pod"] for x in done.record.restarts] == ["a"]
+
+
+class _Gone:
+    """A restart actuator whose pod no longer exists."""
+
+    def plan_step(self, step: PlannedStep) -> Plan:
+        raise ActuatorError(Reason.NOT_FOUND, "pods llm/a does not exist")
+
+    def apply(self, plan: Plan, *, dry_run: bool = True) -> ActionResult:
+        raise AssertionError("nothing to apply")
+
+    revert = apply
+
+
+def test_the_runner_passes_over_a_restart_whose_pod_is_gone() -> None:
+    step = replace(RESTART, params={**RESTART.params, "pods": '["a", "b"]', "spacing_s": "60"})
+    t = next_transition([step], {step.step_id: rec(StepState.APPROVED)}, cond(T0))
+    assert t is not None and t.move is Move.RESTART
+    done = act(t, Containment(actuators={step.action.value: _Gone()}))
+    assert "nothing to restart" in done.reason and done.record.state == "applying"
 
 
 def test_no_pod_to_restart_is_withdrawn() -> None:
