@@ -1,4 +1,6 @@
 # make demo: replay the bundled recordings with the embedded defaults (SQLite, dry-run, console).
+# make live-demo: the bundled cascade live through a local Kafka-protocol broker (SPEED=1: as
+# recorded, 9 minutes; default 10x, about a minute), compared with its replay.
 # make test: lint, type-check, check the import contracts and run the whole test suite against
 # the real services.
 SHELL := /bin/bash
@@ -7,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: demo test lint services bench bench-kafka bench-storm bench-outcome fuzz clean
+.PHONY: demo live-demo test lint services bench bench-kafka bench-storm bench-outcome fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +19,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/detector replay examples/
+
+SPEED ?= 10
+live-demo: $(STAMP)
+	$(BIN)/python -m detector.lab.live_demo --speed $(SPEED)
 
 services:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || \

@@ -62,7 +62,16 @@ class KafkaSettings(BaseModel):
 
     bootstrap_servers: str = "localhost:9092"
     topics: list[str] = Field(
-        default_factory=lambda: ["k8s-logs", "k8s-events", "lb-logs", "gpu-metrics"]
+        default_factory=lambda: ["k8s-logs", "k8s-events", "lb-logs", "gpu-metrics"],
+        description="container logs, Kubernetes events, load-balancer logs, GPU metrics "
+        "(detector produce puts each file on its topic by this order)",
+    )
+    partitions: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="partitions of a topic that run or produce creates "
+        "when none of the topics exists yet (else the existing topics' count)",
     )
     group_id: str = "gpu-oom-detector"
     dead_letter_topic: str = "detector-dead-letters"

@@ -111,7 +111,8 @@ def replay_cmd(
     if as_json:
         typer.echo(json.dumps(to_document(result), indent=2, default=str))
     else:
-        render_report(result, Console())
+        approvers, url = settings.containment.approvers, settings.database.url
+        render_report(result, Console(), approvers=approvers, db=url)
     if notify:
         _deliver(settings, err)
 

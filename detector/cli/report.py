@@ -7,13 +7,23 @@ escapes (``detector.textsafe.printable``), then rich markup escaped.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from detector.report.document import CORE_SIGNALS, ReplayResult, past_expiry, to_document
+from detector.config import DatabaseSettings
+from detector.db import redact
+from detector.report.document import (
+    CORE_SIGNALS,
+    ReplayResult,
+    decidable,
+    decision_commands,
+    past_expiry,
+    to_document,
+)
 from detector.textsafe import printable
 
 KIND_LABELS = {"gpu_oom": "GPU OOM", "gpu_memory": "GPU memory", "lb_response": "load-balancer"}
@@ -23,8 +33,14 @@ UNKNOWN_FORMAT_HINT = (
 )
 
 
-def render_report(result: ReplayResult, console: Console) -> None:
-    """Print a readable report of each incident and verdict."""
+def render_report(
+    result: ReplayResult, console: Console, *, approvers: Sequence[str] = (), db: str = ""
+) -> None:
+    """Print a readable report of each incident and verdict.
+
+    ``approvers`` (the configured allow-list) and ``db`` (the store's URL) make the commands
+    that decide a step waiting for a person (``render_incident``).
+    """
     doc = to_document(result)
     ev = doc["events"]
     console.print(
@@ -41,7 +57,7 @@ def render_report(result: ReplayResult, console: Console) -> None:
     _render_unattributed(ev, console)
     console.print(f"\n[bold]{len(doc['incidents'])} incident(s)[/bold]")
     for inc in doc["incidents"]:
-        render_incident(inc, console)
+        render_incident(inc, console, approvers=approvers, db=db)
     console.print(f"\n[bold]{len(doc['verdicts'])} verdict(s): not this pattern[/bold]")
     for v in doc["verdicts"]:
         console.print(f"- {_t(v['workload'], one_line=True)}: {_t(v['verdict'])}")
@@ -81,17 +97,43 @@ def _render_unattributed(ev: dict[str, Any], console: Console) -> None:
             console.print(f"    e.g. {_t(where, one_line=True)}", soft_wrap=True)
 
 
-def render_incident(inc: dict[str, Any], console: Console) -> None:
-    """Print one incident of the report (also ``detector show``), every input string escaped."""
+def render_incident(
+    inc: dict[str, Any], console: Console, *, approvers: Sequence[str] = (), db: str = ""
+) -> None:
+    """Print one incident of the report (also ``detector show``), every input string escaped.
+
+    Each step waiting for a person (``decidable``) ends with who may decide it now (the
+    configured ``approvers``, or how to configure one) and the exact approve and deny commands
+    (``db``: the store's URL, passed as ``--db`` when it is not the default).
+    """
     console.rule(
         f"incident #{_t(inc['id'])} {_t(inc['pattern'])} {_t(inc['workload'], one_line=True)}"
     )
+    console.print(f"key: {_t(inc['key'], one_line=True)}")
     stage, opened = _t(inc["stage"]), _t(inc["opened_at"])
     console.print(f"stage: [bold red]{stage}[/bold red]   opened: {opened}")
     console.print("victims in order: " + _t(" -> ".join(inc["pods"]) or "none yet", one_line=True))
     marks = [f"{_t(k)} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
     console.print("signals: " + ", ".join(marks))
-    console.print("[bold]containment runbook[/bold]")
+    _render_steps(inc, console, approvers=approvers, db=db)
+    _render_questions(inc, console)
+    console.print("[bold]timeline[/bold]")
+    day = _day(inc["opened_at"])
+    for t in inc["timeline"]:
+        line = f"  {_when(t['time'], day)} {_t(t['kind']):<8} {_t(t['message'])}"
+        console.print(line, soft_wrap=True)
+
+
+def _render_steps(
+    inc: dict[str, Any], console: Console, *, approvers: Sequence[str], db: str
+) -> None:
+    """Print the containment runbook's steps; no empty heading while none is planned."""
+    if not inc["steps"]:
+        if inc["stage"] == "suspected":
+            console.print(f"[bold]containment runbook[/bold]: none yet, {NOT_PLANNED_YET}")
+        return
+    early = " (planned early: predictive containment)" if inc["stage"] == "suspected" else ""
+    console.print(f"[bold]containment runbook[/bold]{early}")
     for s in inc["steps"]:
         console.print(
             f"  {_t(s['position'])}. [bold]{_t(s['action'])}[/bold] "
@@ -101,7 +143,16 @@ def render_incident(inc: dict[str, Any], console: Console) -> None:
             if key not in ("namespace", "workload", "workload_kind"):
                 text = value if isinstance(value, str) else json.dumps(value)
                 console.print(f"     {_t(key)}: {_t(text)}", soft_wrap=True)
-        _render_outcome(s, console)
+        waiting = decision_lines(inc["key"], s, approvers=approvers, db=db) if decidable(s) else []
+        _render_outcome(s, console, waiting)
+    if inc["stage"] == "suspected":
+        console.print(f"  the other steps: {NOT_PLANNED_YET}", soft_wrap=True)
+
+
+def _render_questions(inc: dict[str, Any], console: Console) -> None:
+    """Print the on-call questions and their answers; nothing when there are none."""
+    if not inc["questions"]:
+        return
     console.print("[bold]questions[/bold]")
     for q in inc["questions"]:
         console.print(f"? {_t(q['question'])}")
@@ -110,14 +161,49 @@ def render_incident(inc: dict[str, Any], console: Console) -> None:
             console.print(f"  {_t(q['answer'])}{where}", soft_wrap=True)
         else:
             console.print(f"  [yellow]unanswered[/yellow] - check: {_t(q['to_check'])}")
-    console.print("[bold]timeline[/bold]")
-    day = _day(inc["opened_at"])
-    for t in inc["timeline"]:
-        line = f"  {_when(t['time'], day)} {_t(t['kind']):<8} {_t(t['message'])}"
-        console.print(line, soft_wrap=True)
 
 
-def _render_outcome(s: dict[str, Any], console: Console) -> None:
+NOT_PLANNED_YET = "planned when the incident turns cascading"
+APPROVERS_SETTING = "DETECTOR_CONTAINMENT__APPROVERS"
+
+
+def who_may_decide(approvers: Sequence[str], group: str | None = None) -> str:
+    """Say who may decide a step now: the configured allow-list, or how to configure one.
+
+    The runbook's approver group (``approver:sre-oncall``) is a label: a decision is checked
+    against the allow-list ``DETECTOR_CONTAINMENT__APPROVERS`` alone
+    (``runbooks.approvals.may_approve``).
+    """
+    label = f"the runbook's group {group} is only a label" if group else ""
+    if not approvers:
+        named = f" ({label})" if label else ""
+        return (
+            f"waiting for a person, but no approver is configured{named}: "
+            f"set {APPROVERS_SETTING}='[\"name\"]' where detector approve/deny "
+            "and detector serve run, then:"
+        )
+    named = f"; {label}" if label else ""
+    return (
+        f"waiting for a person; may decide now: {', '.join(approvers)} ({APPROVERS_SETTING}{named})"
+    )
+
+
+def decision_lines(
+    key: str, step: dict[str, Any], *, approvers: Sequence[str], db: str = ""
+) -> list[str]:
+    """Return the lines that say who may decide a waiting step and the commands to do it."""
+    approve, deny = decision_commands(key, step, db=store_option(db))
+    who = who_may_decide(approvers, step["approval_state"].get("approver_group"))
+    return [who, f"  approve: {approve}", f"  deny:    {deny}"]
+
+
+def store_option(url: str) -> str:
+    """Return the store's URL for ``--db`` (password hidden), or "" for the default store."""
+    return "" if not url or url == DatabaseSettings().url else redact(url)
+
+
+def _render_outcome(s: dict[str, Any], console: Console, waiting: list[str]) -> None:
+    """Print what became of a step; ``waiting``: who may decide it and how, before its diff."""
     approval = s["approval_state"]
     who = f" by {approval['decided_by']}" if approval.get("decided_by") else ""
     check = s["verification"]
@@ -132,6 +218,8 @@ def _render_outcome(s: dict[str, Any], console: Console) -> None:
     console.print(f"     [bold]{_t(line)}[/bold]", soft_wrap=True)
     if s["reason"]:
         console.print(f"     {_t(s['reason'])}", soft_wrap=True)
+    for line in waiting:
+        console.print(f"     [bold]{_t(line, one_line=True)}[/bold]", soft_wrap=True)
     for row in s["diff"].splitlines():
         console.print(f"     [dim]{_t(row)}[/dim]", soft_wrap=True, highlight=False)
 

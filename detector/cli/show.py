@@ -60,7 +60,8 @@ def show_cmd(
     if as_json:
         typer.echo(json.dumps(doc, indent=2, default=str))
     else:
-        render_incident(doc, Console())
+        approvers, url = settings.containment.approvers, settings.database.url
+        render_incident(doc, Console(), approvers=approvers, db=url)
 
 
 @interruptible

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -16,12 +18,14 @@ from rich.console import Console
 
 from detector import db
 from detector.cli.exits import INTERRUPTED, fail, interruptible
+from detector.cli.report import decision_lines
 from detector.cli.settings import cli_settings
 from detector.config import KafkaSettings, check_topic, load_workload_map
 from detector.errors import ConfigError, DetectorError
-from detector.report.document import incident_document, past_expiry
+from detector.events.reader import iter_files
+from detector.report.document import decidable, incident_document
 from detector.report.read import load_incidents
-from detector.stream.app import produce_files, run_stream
+from detector.stream.app import file_topics, produce_files, run_stream
 from detector.textsafe import printable
 
 DbOption = Annotated[
@@ -30,6 +34,13 @@ DbOption = Annotated[
 BootstrapOption = Annotated[
     str | None,
     typer.Option("--bootstrap", help="host:port,... (default: DETECTOR_KAFKA__BOOTSTRAP_SERVERS)"),
+]
+PartitionsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="partitions of the topics it creates when none exists yet, else the existing "
+        "topics' count (default: DETECTOR_KAFKA__PARTITIONS, 4)"
+    ),
 ]
 
 
@@ -46,10 +57,16 @@ def run_cmd(
     session_timeout_ms: Annotated[int | None, typer.Option(help="group session, ms")] = None,
     max_poll_interval_ms: Annotated[int | None, typer.Option(help="max poll gap, ms")] = None,
     max_poll_records: Annotated[int | None, typer.Option(help="records per batch")] = None,
+    partitions: PartitionsOption = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve /metrics on this port (0: off)")
+    ] = None,
     workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Detect GPU OOM cascades live from Kafka until SIGTERM or SIGINT (at-least-once).
+
+    It logs its configuration and its partitions at start, also without ``-v``.
 
     SIGTERM stops it after the batch in hand (exit 0); Ctrl-C (SIGINT) too, then says
     ``interrupted`` (exit 130).
@@ -58,6 +75,7 @@ def run_cmd(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    logging.getLogger(run_stream.__module__).setLevel(logging.INFO)  # start and assignment
     stop = threading.Event()
     received: list[int] = []  # the signals that stopped it
     try:
@@ -71,6 +89,8 @@ def run_cmd(
             "session_timeout_ms": session_timeout_ms,
             "max_poll_interval_ms": max_poll_interval_ms,
             "max_poll_records": max_poll_records,
+            "partitions": partitions,
+            "metrics_port": metrics_port,
         }
         updates = {k: v for k, v in options.items() if v is not None}
         settings.kafka = _kafka_with(settings.kafka, updates)
@@ -102,24 +122,43 @@ def _stop_on_signals(stop: threading.Event) -> list[int]:
 @interruptible
 def produce_cmd(
     paths: Annotated[list[Path], typer.Argument(help="recorded stream files or folders")],
-    topic: Annotated[str, typer.Option(help="topic to ship the records to")],
+    topic: Annotated[
+        str | None,
+        typer.Option(help="topic of every file (default: each file's own stream topic)"),
+    ] = None,
     bootstrap: BootstrapOption = None,
+    speed: Annotated[
+        float | None,
+        typer.Option(help="pace by event time: 1 = as recorded, 10 = ten times faster"),
+    ] = None,
     rate: Annotated[
         float | None, typer.Option(help="records per second, over 0 (default: max)")
     ] = None,
+    partitions: PartitionsOption = None,
     workloads: Annotated[Path | None, typer.Option(help="YAML upstream mapping")] = None,
 ) -> None:
-    """Ship recorded files to a topic record by record, keyed by namespace/workload."""
+    """Ship recorded files to their topics, merged in event time, keyed by namespace/workload.
+
+    Each file goes to the topic of its stream in ``DETECTOR_KAFKA__TOPICS`` (container logs,
+    Kubernetes events, load-balancer logs, GPU metrics), told from its records' format.
+    """
     try:
-        _check_produce_options(topic, rate)
+        _check_produce_options(topic, rate, speed)
         settings = cli_settings(None, workloads)
-        if bootstrap is not None:
-            settings.kafka = _kafka_with(settings.kafka, {"bootstrap_servers": bootstrap})
+        updates = {"bootstrap_servers": bootstrap, "partitions": partitions}
+        settings.kafka = _kafka_with(
+            settings.kafka, {k: v for k, v in updates.items() if v is not None}
+        )
         load_workload_map(settings.workloads_file)  # checked before anything connects
-        sent = produce_files(paths, topic, settings, rate_per_s=rate)
+        if topic is None:
+            files = file_topics(paths, settings.kafka.topics)
+        else:
+            files = dict.fromkeys(iter_files(paths), topic)
+        sent = produce_files(files, settings, rate_per_s=rate, speed=speed)
     except (DetectorError, FileNotFoundError) as exc:
         fail(str(exc))
-    typer.echo(printable(f"produced {sent} records to {topic}"))
+    for name, count in sent.items():
+        typer.echo(printable(f"produced {count} records to {name}"))
 
 
 @interruptible
@@ -144,35 +183,32 @@ def incidents_cmd(
         typer.echo(json.dumps(incidents, indent=2, default=str))
         return
     console = Console()
+    approvers, url = settings.containment.approvers, settings.database.url
     for inc in incidents:
         line = f"{inc['key']}  {inc['stage']}  {inc['workload']}  victims={len(inc['pods'])}"
         console.print(printable(line, one_line=True), markup=False, soft_wrap=True)
-        for waiting in _waiting(inc):
+        for waiting in _waiting(inc, approvers, url):
             console.print(printable(waiting, one_line=True), markup=False, soft_wrap=True)
     if not incidents:
         console.print("no incidents")
 
 
-def _waiting(inc: dict[str, Any]) -> list[str]:
-    """Return a line per step of ``inc`` waiting for a person: what to approve, and until when."""
+def _waiting(inc: dict[str, Any], approvers: Sequence[str], url: str) -> list[str]:
+    """Return lines per step of ``inc`` waiting for a person: until when, who may decide it
+    now and the exact approve and deny commands (``decidable``, as Slack's buttons)."""
     lines = []
     for step in inc["steps"]:
         approval = step["approval_state"]
         if step["state"] != "awaiting_approval" or approval.get("status") != "pending":
             continue
-        plan, who = approval.get("plan"), approval.get("approver_group")
+        what = f"step {step['position']} {step['action']}"
         expires = approval.get("expires_at")
-        if past_expiry(approval) is not None:
-            lines.append(
-                f"  step {step['position']} {step['action']} asked {who} until {expires}: "
-                "expired, no longer decidable"
-            )
+        if not decidable(step):
+            who = approval.get("approver_group")
+            lines.append(f"  {what} asked {who} until {expires}: expired, no longer decidable")
             continue
-        lines.append(
-            f"  waiting: step {step['position']} {step['action']} for {who} (plan {plan}) "
-            f"until {approval.get('expires_at')}: "
-            f"detector approve|deny {inc['key']} {step['position']} --plan {plan}"
-        )
+        lines.append(f"  waiting: {what} until {expires} (plan {approval.get('plan')})")
+        lines += [f"    {x}" for x in decision_lines(inc["key"], step, approvers=approvers, db=url)]
     return lines
 
 
@@ -190,14 +226,20 @@ def _kafka_with(kafka: KafkaSettings, updates: dict[str, Any]) -> KafkaSettings:
         raise ConfigError(f"invalid option: {_first_error(exc)}") from exc
 
 
-def _check_produce_options(topic: str, rate: float | None) -> None:
-    """Raise ConfigError naming ``--topic`` or ``--rate`` when its value makes no sense."""
+def _check_produce_options(topic: str | None, rate: float | None, speed: float | None) -> None:
+    """Raise ConfigError naming ``--topic``, ``--rate`` or ``--speed`` when its value makes
+    no sense."""
     try:
-        check_topic(topic)
+        if topic is not None:
+            check_topic(topic)
     except ValueError as exc:
         raise ConfigError(f"invalid option: --topic: {exc}") from exc
     if rate is not None and not rate > 0:  # also NaN
         raise ConfigError(f"invalid option: --rate: records per second must be over 0, not {rate}")
+    if speed is not None and not 0 < speed < math.inf:
+        raise ConfigError(f"invalid option: --speed: a factor over 0, not {speed}")
+    if rate is not None and speed is not None:
+        raise ConfigError("invalid option: --rate and --speed pace differently: give one")
 
 
 def _first_error(exc: ValidationError) -> str:

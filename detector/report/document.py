@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -217,3 +218,20 @@ def decidable(step: Mapping[str, Any], now: datetime | None = None) -> bool:
         and approval.get("status") == "pending"
         and past_expiry(approval, now) is None
     )
+
+
+def decision_commands(key: str, step: Mapping[str, Any], *, db: str = "") -> tuple[str, str]:
+    """Return the CLI commands that approve and deny a ``decidable`` step: (approve, deny).
+
+    ``NAME`` (and ``WHY`` for deny) are for the person to fill in; the step's plan digest is
+    passed so that a plan that changed since is refused. Values are shell-quoted (the key
+    holds input text); ``db`` adds ``--db URL`` (a store other than the default).
+    """
+    position = str(step["position"])
+    args = [shlex.quote(key), position, "--as", "NAME"]
+    if plan := step["approval_state"].get("plan"):
+        args += ["--plan", shlex.quote(str(plan))]
+    if db:
+        args += ["--db", shlex.quote(db)]
+    tail = " ".join(args)
+    return f"detector approve {tail}", f"detector deny {tail} --reason WHY"

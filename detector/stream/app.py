@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -12,12 +14,13 @@ from detector import db
 from detector.config import Settings, load_workload_map
 from detector.correlate import forecast
 from detector.correlate.identity import WorkloadResolver
-from detector.errors import ParseError
+from detector.errors import ConfigError, ParseError
 from detector.events.detect import parse_record
-from detector.events.model import SourcePos
+from detector.events.model import Signal, SourcePos
 from detector.events.reader import iter_files, read_records
+from detector.events.streams import Stream, file_stream
 from detector.notify.slack.notifier import Notifier
-from detector.stream.consumer import KafkaSource
+from detector.stream.consumer import KafkaSource, Partition
 from detector.stream.loop import StreamLoop
 from detector.stream.producer import KafkaSink, ensure_topics
 
@@ -39,9 +42,12 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     try:
         ensure_topics(
             kafka.bootstrap_servers,
-            [kafka.dead_letter_topic],
+            [*kafka.topics, kafka.dead_letter_topic],
+            kafka.partitions,
+            like=kafka.topics,
             bootstrap_timeout_ms=kafka.bootstrap_timeout_ms,
         )
+        _log_configuration(settings)  # once the store and the broker answered
         loop = StreamLoop(settings, make_session, sink,
                           on_commit=notifier.wake if notifier else lambda: None)  # fmt: skip
         if notifier is not None:
@@ -50,9 +56,13 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
         if kafka.metrics_port:
             loop.metrics.serve(kafka.metrics_port)
             log.info("serving /metrics port=%d", kafka.metrics_port)
-        source = KafkaSource(kafka, loop.on_assign)
+
+        def on_assign(partitions: list[Partition]) -> None:
+            log.info("partitions assigned partitions=%s", partitions)
+            loop.on_assign(partitions)
+
+        source = KafkaSource(kafka, on_assign)
         loop.attach(source)
-        log.info("consuming topics=%s group=%s", kafka.topics, kafka.group_id)
         try:
             loop.run(stop)
         finally:
@@ -62,6 +72,21 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
             notifier.stop()
         sink.close()
         engine.dispose()
+
+
+def _log_configuration(settings: Settings) -> None:
+    """Log, in one line, what this ``detector run`` process is about to do."""
+    kafka, slack = settings.kafka, settings.slack
+    log.info(
+        "starting broker=%s topics=%s group=%s dead_letter_topic=%s store=%s dry_run=%s "
+        "armed=%s kill_switch=%s slack=%s metrics_port=%s",
+        kafka.bootstrap_servers, ",".join(kafka.topics), kafka.group_id, kafka.dead_letter_topic,
+        db.redact(settings.database.url), settings.dry_run,
+        ",".join(settings.containment.armed_workloads) or "none",
+        settings.containment.kill_switch,
+        f"on channel={slack.channel or 'per namespace'}" if slack.enabled else "off",
+        kafka.metrics_port or "off",
+    )  # fmt: skip
 
 
 def keyed_records(
@@ -77,20 +102,27 @@ def keyed_records(
     """
     resolver = WorkloadResolver(load_workload_map(settings.workloads_file), settings.cluster)
     for path in iter_files(paths):
-        previous_ms: int | None = None
-        untimed: list[tuple[bytes | None, bytes]] = []  # before the file's first timed record
-        for source, raw in read_records([path]):
-            key, timestamp_ms = _key_and_time(resolver, source, raw)
-            if timestamp_ms is None and previous_ms is None:
-                untimed.append((key, raw))
-                continue
-            previous_ms = timestamp_ms if timestamp_ms is not None else previous_ms
-            for early_key, early_raw in untimed:
-                yield early_key, early_raw, previous_ms
-            untimed.clear()
-            yield key, raw, previous_ms
+        yield from _keyed_file(path, resolver)
+
+
+def _keyed_file(
+    path: Path, resolver: WorkloadResolver
+) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+    """Yield one file's records as ``keyed_records`` does."""
+    previous_ms: int | None = None
+    untimed: list[tuple[bytes | None, bytes]] = []  # before the file's first timed record
+    for source, raw in read_records([path]):
+        key, timestamp_ms = _key_and_time(resolver, source, raw)
+        if timestamp_ms is None and previous_ms is None:
+            untimed.append((key, raw))
+            continue
+        previous_ms = timestamp_ms if timestamp_ms is not None else previous_ms
         for early_key, early_raw in untimed:
-            yield early_key, early_raw, None
+            yield early_key, early_raw, previous_ms
+        untimed.clear()
+        yield key, raw, previous_ms
+    for early_key, early_raw in untimed:
+        yield early_key, early_raw, None
 
 
 def _key_and_time(
@@ -108,27 +140,125 @@ def _key_and_time(
     return None, stamp
 
 
-def produce_files(
-    paths: list[Path], topic: str, settings: Settings, *, rate_per_s: float | None = None
-) -> int:
-    """Ship recorded files to ``topic`` record by record; return how many were sent.
+CLASSIFY_RECORDS = 2000  # records of a file read to tell its stream
 
-    ``rate_per_s`` paces the records (None: as fast as the broker takes them). Raises
+
+def file_topics(paths: list[Path], topics: list[str]) -> dict[Path, str]:
+    """Return the topic of each file: ``topics`` (``kafka.topics``) at the file's stream.
+
+    The stream is what most of the file's first ``CLASSIFY_RECORDS`` records are, as
+    ``detector.events.streams.file_stream`` tells it from their parsed signals. Raises
+    ConfigError naming the file and ``--topic`` when no record of a file gave a signal, or when
+    ``topics`` is not the four streams; FileNotFoundError for a missing path.
+    """
+    placed: dict[Path, str] = {}
+    for path in iter_files(paths):
+        signals = (
+            _signals(source, raw)
+            for source, raw in itertools.islice(read_records([path]), CLASSIFY_RECORDS)
+        )
+        stream = file_stream(signals)
+        if stream is None:
+            raise ConfigError(
+                f"cannot tell which topic {path} belongs to (none of its first "
+                f"{CLASSIFY_RECORDS} records is in a known format with a signal): give --topic"
+            )
+        if len(topics) != len(Stream):
+            raise ConfigError(
+                f"{len(topics)} topics configured, not the four streams (logs, events, "
+                f"load balancer, metrics): give --topic for {path}"
+            )
+        placed[path] = topics[stream]
+    return placed
+
+
+def _signals(source: SourcePos, raw: bytes) -> list[Signal]:
+    try:
+        return parse_record(raw, source)
+    except ParseError:
+        return []
+
+
+def merged_records(
+    files: dict[Path, str], settings: Settings
+) -> Iterator[tuple[str, bytes | None, bytes, int | None]]:
+    """Yield ``(topic, key, value, timestamp_ms)`` of every file merged by event time.
+
+    Each file keeps its order (``keyed_records``); files are merged as ``replay`` merges them
+    (ties in file order), and one workload resolver sees them in that order, as the live loop
+    will. Records with no time at all come first.
+    """
+    resolver = WorkloadResolver(load_workload_map(settings.workloads_file), settings.cluster)
+    streams = [_on_topic(topic, _keyed_file(path, resolver)) for path, topic in files.items()]
+    return heapq.merge(*streams, key=_record_time)
+
+
+def _on_topic(
+    topic: str, records: Iterator[tuple[bytes | None, bytes, int | None]]
+) -> Iterator[tuple[str, bytes | None, bytes, int | None]]:
+    for key, value, timestamp_ms in records:
+        yield topic, key, value, timestamp_ms
+
+
+def _record_time(record: tuple[str, bytes | None, bytes, int | None]) -> int:
+    return -1 if record[3] is None else record[3]
+
+
+def produce_files(
+    files: dict[Path, str],
+    settings: Settings,
+    *,
+    rate_per_s: float | None = None,
+    speed: float | None = None,
+) -> dict[str, int]:
+    """Ship recorded files to their topics, merged by event time; return records per topic.
+
+    ``files`` maps each file to its topic (``file_topics``). Missing topics are created with
+    the partition count of the existing stream topics (``kafka.partitions`` when none exists).
+    ``rate_per_s`` paces the records by count, ``speed`` by their event time (1.0: as
+    recorded; 10.0: ten times faster); neither: as fast as the broker takes them. Raises
     StreamError when the broker fails, FileNotFoundError for a missing path.
     """
-    bootstrap, timeout_ms = settings.kafka.bootstrap_servers, settings.kafka.bootstrap_timeout_ms
-    ensure_topics(bootstrap, [topic], bootstrap_timeout_ms=timeout_ms)
+    kafka = settings.kafka
+    bootstrap, timeout_ms = kafka.bootstrap_servers, kafka.bootstrap_timeout_ms
+    targets = list(dict.fromkeys(files.values()))
+    ensure_topics(
+        bootstrap, targets, kafka.partitions, like=kafka.topics, bootstrap_timeout_ms=timeout_ms
+    )
     sink = KafkaSink(bootstrap, bootstrap_timeout_ms=timeout_ms)
-    sent = 0
-    started = time.monotonic()
+    sent = dict.fromkeys(targets, 0)
+    pace = _Pace(rate_per_s, speed)
     try:
-        for key, value, timestamp_ms in keyed_records(paths, settings):
+        for topic, key, value, timestamp_ms in merged_records(files, settings):
+            pace.wait(timestamp_ms)
             sink.send(topic, value, key=key, timestamp_ms=timestamp_ms)
-            sent += 1
-            if rate_per_s:
-                time.sleep(max(0.0, started + sent / rate_per_s - time.monotonic()))
+            sent[topic] += 1
         sink.flush()
     finally:
         sink.close()
-    log.info("produced topic=%s records=%d", topic, sent)
+    log.info("produced records=%s", sent)
     return sent
+
+
+class _Pace:
+    """Sleep between records: by count (``rate_per_s``) or by event time (``speed``)."""
+
+    def __init__(self, rate_per_s: float | None, speed: float | None) -> None:
+        self._rate, self._speed = rate_per_s, speed
+        self._started = time.monotonic()
+        self._count = 0
+        self._first_ms: int | None = None
+
+    def wait(self, timestamp_ms: int | None) -> None:
+        """Sleep until the next record is due."""
+        if not (self._rate or self._speed):
+            return
+        due = self._started
+        if self._rate:
+            due += self._count / self._rate
+        elif self._speed and timestamp_ms is not None:
+            if self._first_ms is None:
+                self._first_ms = timestamp_ms
+            due += (timestamp_ms - self._first_ms) / 1000.0 / self._speed
+        self._count += 1
+        time.sleep(max(0.0, due - time.monotonic()))

@@ -158,7 +158,7 @@ class StreamLoop:
 
     def on_assign(self, partitions: list[Partition]) -> None:
         """Rebuild the correlator state of the assigned partitions (see module docstring)."""
-        log.info("partitions assigned partitions=%s", partitions)
+        log.debug("rebuilding state partitions=%s", partitions)
         self.processor = Processor.from_settings(self._settings)
         self._rebuild_until.clear()
         self._held.clear()
@@ -173,16 +173,17 @@ class StreamLoop:
         touched: set[Partition] = set()
         for record in records:  # in event-time order, as the reorder buffer released them
             parsed = _parse(record, max_time)
-            if record.key is None and parsed.signals and record.topic not in self._unkeyed:
+            if self.processor.process(parsed, self._session) is not None:
+                self._dead_letter(record, parsed)
+                sent += 1
+            # after processing: the resolver then knows what the correlator learnt
+            if record.key is None and record.topic not in self._unkeyed and self._names(parsed):
                 self._unkeyed.add(record.topic)
                 log.warning(
                     "records without a key topic=%s: correlation is right within this process, "
                     "but scaling out needs records keyed by workload (see detector produce)",
                     record.topic,
                 )
-            if self.processor.process(parsed, self._session) is not None:
-                self._dead_letter(record, parsed)
-                sent += 1
             key = (record.topic, record.partition)
             touched.add(key)
             done = self._done.get(key)
@@ -191,6 +192,11 @@ class StreamLoop:
         if sent:
             self._sink.flush()
         return self._offsets(touched)
+
+    def _names(self, parsed: Parsed) -> bool:
+        """Tell whether a record names a workload (one of its signals resolves to one)."""
+        resolver = self.processor.correlator.resolver
+        return any(resolver.resolve(signal) is not None for signal in parsed.signals)
 
     def _offsets(self, touched: set[Partition]) -> dict[Partition, Committed]:
         """Return the positions to commit: past what was processed, below every held record

@@ -65,21 +65,39 @@ def ensure_topics(
     topics: list[str],
     partitions: int = 1,
     *,
+    like: list[str] | None = None,
     bootstrap_timeout_ms: int | None = None,
-) -> None:
-    """Create the topics that do not exist yet (replication factor 1); raises StreamError."""
+) -> int:
+    """Create the topics that do not exist yet (replication factor 1); return their count.
+
+    New topics get the partition count of the existing ``like`` topics (the largest, when they
+    differ), so that keyed streams stay co-partitioned; ``partitions`` when none of them exists.
+    Raises StreamError.
+    """
     options = client_options(bootstrap_servers, bootstrap_timeout_ms)
     with connecting(bootstrap_servers, "create topics on", bootstrap_timeout_ms):
         admin = KafkaAdminClient(**options)
     try:
         existing = set(admin.list_topics())
         missing = [t for t in topics if t not in existing]
+        present = sorted({t for t in (like or []) + topics if t in existing})
+        counts = _partition_counts(admin, present) if present else {}
+        if len(set(counts.values())) > 1:
+            log.warning("topics differ in partition count counts=%s", counts)
+        count = max(counts.values(), default=partitions)
         if missing:
-            admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
-            log.info("topics created topics=%s", missing)
-    except TopicAlreadyExistsError:
-        pass
+            try:
+                admin.create_topics([NewTopic(t, count, 1) for t in missing])
+                log.info("topics created topics=%s partitions=%d", missing, count)
+            except TopicAlreadyExistsError:
+                pass  # another client created it meanwhile
+        return count
     except KafkaError as exc:
         raise StreamError(f"cannot create topics {topics}: {exc}") from exc
     finally:
         admin.close()
+
+
+def _partition_counts(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """Return the partition count of each of ``topics`` (all exist)."""
+    return {d["name"]: len(d["partitions"]) for d in admin.describe_topics(topics)}

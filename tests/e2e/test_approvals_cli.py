@@ -94,8 +94,9 @@ def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_now(tmp_path / "cut"))
     digest = inc["steps"][2]["approval_state"]["plan"]
+    expires = inc["steps"][2]["approval_state"]["expires_at"]
     listed = detector("incidents", "--db", url).stdout
-    assert f"waiting: step 3 stagger_restarts for sre-oncall (plan {digest})" in listed
+    assert f"waiting: step 3 stagger_restarts until {expires} (plan {digest})" in listed
     args = ("approve", inc["key"], "3", "--as", "alice", "--db", url)
     stale = detector(*args, "--plan", "000000000000", **APPROVERS)
     assert stale.returncode == 1 and "the plan changed" in stale.stderr, stale.stderr

@@ -63,11 +63,18 @@ def produce(
 
 
 def start_detector(
-    bootstrap: str, prefix: str, db_url: str, log_path: Path, topics: list[str] | None = None
+    bootstrap: str,
+    prefix: str,
+    db_url: str,
+    log_path: Path,
+    topics: list[str] | None = None,
+    *,
+    extra: tuple[str, ...] = ("-v",),
 ) -> subprocess.Popen[bytes]:
-    """Start ``detector run`` as a subprocess on the test's topics and group."""
+    """Start ``detector run`` as a subprocess on the test's topics and group (``extra``: more
+    options; ``-v`` by default)."""
     args = [
-        sys.executable, "-m", "detector", "run", "-v",
+        sys.executable, "-m", "detector", "run", *extra,
         "--db", db_url,
         "--bootstrap", bootstrap,
         "--topics", ",".join(topics or topics_of(prefix)),
@@ -197,12 +204,19 @@ def incidents_in(db_url: str) -> list[dict[str, Any]]:
         engine.dispose()
 
 
+FORECAST_NOTE = "next victim at risk: "
+
+
 def core_of(doc: dict[str, Any], *, after_cascade: bool = True) -> dict[str, Any]:
     """Return what a live run must share with a straight replay: every stage change, note, step
     and victim with its time, the pods and the planned steps.
 
     The evidence kept per signal kind is left out: after a restart or a takeover, the rebuilt
-    state keeps its own first-of-a-kind samples (idempotent, but not the same rows). With
+    state keeps its own first-of-a-kind samples (idempotent, but not the same rows). So are the
+    next-victim forecast's notes: a forecast is fitted on the pressure samples that had arrived
+    when event time passed its 5 s mark, and live topics arrive interleaved differently from a
+    replay's merge (the forecast is advice; no step depends on it unless predictive
+    containment is on, which these runs leave off). With
     ``after_cascade=False`` the stage changes after ``cascading`` are left out too: when a
     process dies mid-stream and another takes its partitions over, when the quiet-time stages
     (``contained``) fire depends on how far the survivor's other partitions had run ahead.
@@ -213,6 +227,7 @@ def core_of(doc: dict[str, Any], *, after_cascade: bool = True) -> dict[str, Any
         for t in doc["timeline"]
         if (t["kind"] != "signal" or t["message"].startswith("victim"))
         and (after_cascade or not t["message"].startswith(late))
+        and not t["message"].startswith(FORECAST_NOTE)
     )
     steps = [(s["position"], s["action"], s["status"]) for s in doc["steps"]]
     return {"key": doc["key"], "pods": doc["pods"], "steps": steps, "timeline": timeline}

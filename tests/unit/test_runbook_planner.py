@@ -126,7 +126,7 @@ CASES: list[tuple[str, IncidentContext, dict[str, Any], dict[str, dict[str, str]
                 "limit_connections": "26",
                 "annotations": '{"nginx.ingress.kubernetes.io/limit-connections": "26", '
                 '"nginx.ingress.kubernetes.io/limit-rps": "2"}',
-                "healthy_replicas": "2 of 4",
+                "healthy_replicas": "2 of 4 pods seen (not dead of GPU OOM when planned)",
             },
             "stagger_restarts": {"pods": '["llm-a", "llm-b"]', "spacing_s": "96"},
         },
@@ -197,7 +197,7 @@ CASES: list[tuple[str, IncidentContext, dict[str, Any], dict[str, dict[str, str]
             "enable_rate_limit": {
                 "limit_rps": "2",
                 "limit_connections": "13",
-                "healthy_replicas": "0 of 2",
+                "healthy_replicas": "0 of 2 pods seen (not dead of GPU OOM when planned)",
             }
         },
     ),

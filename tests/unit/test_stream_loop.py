@@ -214,3 +214,19 @@ def test_commits_follow_the_highest_processed_offset_not_the_last_released(
     assert source.commits[0][("logs", 0)].offset == 0
     loop.step()  # everything caught up: offset 0 goes through last, yet both are done
     assert source.commits[1][("logs", 0)].offset == 2
+
+
+def test_unkeyed_records_warn_only_when_they_name_a_workload(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, loop, _ = loop_parts
+    lines = (CASCADE / "container-logs.jsonl").read_bytes().splitlines()
+    web = next(line for line in lines if b'"pod_name":"web-frontend' in line)  # names none
+    oom = next(line for line in lines if b"OutOfMemoryError" in line)  # names llm/vllm-llama
+    ts = 1741943017000
+    batches = [[Record("logs", 0, 0, ts, None, web)], [Record("logs", 0, 1, ts, None, oom)]]
+    loop.attach(FakeSource(batches))
+    loop.step()
+    assert "records without a key" not in caplog.text  # what detector produce leaves unkeyed
+    loop.step()
+    assert "records without a key topic=logs" in caplog.text
