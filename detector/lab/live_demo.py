@@ -1,10 +1,13 @@
 """Run the bundled cascade live through a local Kafka-protocol broker (``make live-demo``).
 
-Starts Tansu (memory-only, on a free loopback port), ``detector run`` in the background
-(SQLite store in a temporary folder, ``/metrics`` on a free port), then ``detector produce
-examples/cascade --speed N``; prints the incident each time ``detector incidents`` changes,
-then ``detector show`` of it, and compares its stage changes and steps with ``detector
-replay`` of the same files. Stops the detector and the broker on exit, whatever happens.
+Writes the bundled cascade anew (``detector.lab.recording``: the same records as
+``examples/cascade``, its clock starting ``AGO_S`` before now, so that the step waiting for a
+person can still be approved when the demo ends), starts Tansu (memory-only, on a free
+loopback port), ``detector run`` in the background (a SQLite store in a folder that is kept,
+``/metrics`` on a free port, the approver ``demo``), then ``detector produce FOLDER --speed
+N``; prints the incident each time ``detector incidents`` changes, then ``detector show`` of it,
+compares its stage changes and steps with ``detector replay`` of the same files, and prints
+the approve command to try. Stops the detector and the broker on exit, whatever happens.
 Exit status: 0 when the live incident equals the replay's, 1 otherwise.
 """
 
@@ -24,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from detector.lab.broker import start_tansu
+from detector.lab.recording import write_recording
 
-CASCADE = Path(__file__).resolve().parents[2] / "examples" / "cascade"
+AGO_S = 300.0  # the recording's clock starts this long before now
+APPROVER = "demo"
 DETECTOR = [sys.executable, "-m", "detector"]
 START_S = 60.0  # bound on the detector's start
 DRAIN_S = 60.0  # bound on consuming what was produced
@@ -36,13 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed", type=float, default=10.0, help="1 = as recorded (9 min)")
     args = parser.parse_args(argv)
+    keep = Path(tempfile.mkdtemp(prefix="live-demo-"))
+    cascade = keep / "cascade"
+    write_recording("cascade", cascade, start=round(time.time() - AGO_S))
     broker, bootstrap = start_tansu()
     run: subprocess.Popen[bytes] | None = None
     produce: subprocess.Popen[bytes] | None = None
     with tempfile.TemporaryDirectory(prefix="live-demo-") as tmp:
         port = _free_port()
         env = {**os.environ, "DETECTOR_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-               "DETECTOR_DATABASE__URL": f"sqlite:///{tmp}/detector.db",
+               "DETECTOR_DATABASE__URL": f"sqlite:///{keep}/detector.db",
+               "DETECTOR_CONTAINMENT__APPROVERS": f'["{APPROVER}"]',
                "DETECTOR_KAFKA__METRICS_PORT": str(port)}  # fmt: skip
         log = Path(tmp, "run.log")
         try:
@@ -50,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             with log.open("wb") as out:
                 run = subprocess.Popen([*DETECTOR, "run"], env=env, stdout=out, stderr=out)
             _wait_started(run, log)
-            records = [line for f in CASCADE.iterdir() for line in f.read_bytes().splitlines()]
+            records = [line for f in cascade.iterdir() for line in f.read_bytes().splitlines()]
             total = sum(1 for record in records if record.strip())
-            _say(f"detector produce {os.path.relpath(CASCADE)} --speed {args.speed:g}")
-            produce = subprocess.Popen([*DETECTOR, "produce", str(CASCADE), "--speed",
+            _say(f"detector produce {cascade} --speed {args.speed:g}")
+            produce = subprocess.Popen([*DETECTOR, "produce", str(cascade), "--speed",
                                         str(args.speed)], env=env)  # fmt: skip
             running = produce
             shown = _watch(env, port, lambda: running.poll() is not None, "")
@@ -61,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             if produce.returncode != 0:
                 _say(f"produce failed (exit {produce.returncode})")
                 return 1
-            return _compare(env, tmp)
+            same = _compare(env, tmp, cascade)
+            _next_action(env, keep)
+            return same
         finally:
             _stop(produce)
             if run is not None:
@@ -137,7 +148,21 @@ def _consumed(port: int) -> int:
                    if line.startswith("detector_records_consumed_total{")))  # fmt: skip
 
 
-def _compare(env: dict[str, str], tmp: str) -> int:
+def _next_action(env: dict[str, str], keep: Path) -> None:
+    """Say where the store is kept and how to decide a step that waits for a person."""
+    db = f"sqlite:///{keep}/detector.db"
+    _say(f"the store is kept: --db {db} (detector show, postmortem, incidents)")
+    listing = _cli(env, "incidents", "--db", db).stdout
+    if "waiting:" not in listing:
+        _say("no step waits for a person now: to approve one from the CLI, run it as recorded "
+             "(make live-demo SPEED=1) and approve step 3 while detector incidents lists it")  # fmt: skip
+        return
+    sys.stdout.write(listing)
+    _say(f"approve it with the command above: NAME = {APPROVER}, with "
+         f"DETECTOR_CONTAINMENT__APPROVERS='[\"{APPROVER}\"]' (dry-run: nothing changes)")  # fmt: skip
+
+
+def _compare(env: dict[str, str], tmp: str, cascade: Path) -> int:
     """Print the live incident and compare it with a replay; 0 when they agree."""
     incidents = json.loads(_cli(env, "incidents", "--json").stdout)
     if len(incidents) != 1:
@@ -148,8 +173,16 @@ def _compare(env: dict[str, str], tmp: str) -> int:
     sys.stdout.write(_cli(env, "show", key).stdout)
     live = json.loads(_cli(env, "show", key, "--json").stdout)
     replay_db = f"sqlite:///{tmp}/replay.db"
-    replayed = json.loads(_cli(env, "replay", "--json", "--db", replay_db, str(CASCADE)).stdout)
+    replayed = json.loads(_cli(env, "replay", "--json", "--db", replay_db, str(cascade)).stdout)
     straight = [i for i in replayed["incidents"] if i["key"] == key]
+    decided = any((t.get("detail") or {}).get("event") in ("approved", "denied")
+                  for t in live["timeline"])  # fmt: skip
+    if straight and decided:
+        same = _core(live)["stages"][:2] == _core(straight[0])["stages"][:2]
+        _say("a person decided a step during the demo: from there on the live incident differs "
+             "from the replay by design; its first stage changes "
+             + ("equal the replay's" if same else "differ from the replay's"))  # fmt: skip
+        return 0 if same else 1
     if not straight or _core(live) != _core(straight[0]):
         _say(f"live differs from replay: {_core(live)} != {straight and _core(straight[0])}")
         return 1
