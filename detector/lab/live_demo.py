@@ -154,12 +154,16 @@ def _next_action(env: dict[str, str], keep: Path) -> None:
     _say(f"the store is kept: --db {db} (detector show, postmortem, incidents)")
     listing = _cli(env, "incidents", "--db", db).stdout
     if "waiting:" not in listing:
-        _say("no step waits for a person now: to approve one from the CLI, run it as recorded "
-             "(make live-demo SPEED=1) and approve step 3 while detector incidents lists it")  # fmt: skip
+        _say(
+            "no step waits for a person now: to approve one from the CLI, run it as recorded "
+            "(make live-demo SPEED=1) and approve step 3 while detector incidents lists it"
+        )
         return
     sys.stdout.write(listing)
-    _say(f"approve it with the command above: NAME = {APPROVER}, with "
-         f"DETECTOR_CONTAINMENT__APPROVERS='[\"{APPROVER}\"]' (dry-run: nothing changes)")  # fmt: skip
+    _say(
+        f"approve it with the command above: NAME = {APPROVER}, with "
+        f"DETECTOR_CONTAINMENT__APPROVERS='[\"{APPROVER}\"]' (dry-run: nothing changes)"
+    )
 
 
 def _compare(env: dict[str, str], tmp: str, cascade: Path) -> int:
