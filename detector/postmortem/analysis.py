@@ -15,7 +15,8 @@ as Markdown, HTML or JSON. Definitions (the load balancer's 5 s buckets, ``bucke
 - **measured effect** of a step: the 5xx rate, the GPU OOMs and the highest pressure in the
   ``window_s`` before its apply time (buckets that end by then) and after it (buckets that
   start from then); the 5xx rate fell or rose when it changed by half or more and by at least
-  one response per bucket, else "no measurable effect".
+  one response per bucket, else "no change in the 5xx rate", with whether a GPU OOM followed
+  (a step taken before the errors spread, such as a predictive gateway limit, shows there).
 """
 
 from __future__ import annotations
@@ -313,7 +314,8 @@ def effect_sentence(name: str, at: pd.Timestamp, m: Mapping[str, Any], dry_run: 
         )
     if not trend:
         went = f"the 5xx rate went from {a:.1f}/s to {z:.1f}/s"
-        return f"no measurable effect: after {name} at {when} {went} ({ooms})"
+        calm = f"; no GPU OOM followed within {w:.0f} s" if m["ooms_after"] == 0 else ""
+        return f"no change in the 5xx rate: after {name} at {when} {went}{calm} ({ooms})"
     return f"after {name} at {when} {trend} ({ooms})"
 
 

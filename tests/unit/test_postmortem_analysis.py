@@ -125,10 +125,11 @@ def test_the_window_excludes_the_bucket_the_step_lands_in() -> None:
     assert (before, after) == (pd.Timestamp(at(60)), pd.Timestamp(at(120)))
 
 
-def test_a_flat_5xx_rate_is_no_measurable_effect() -> None:
+def test_a_flat_5xx_rate_is_no_change_and_says_whether_an_oom_followed() -> None:
     (step,) = build([(t, 20, 10, 0) for t in range(0, 240, 5)])["steps"]
-    assert step["effect"].startswith("no measurable effect: after step 1")
+    assert step["effect"].startswith("no change in the 5xx rate: after step 1")
     assert "2.0/s to 2.0/s" in step["effect"]
+    assert ("no GPU OOM followed" in step["effect"]) is (" 0 after" in step["effect"])
 
 
 def test_a_dry_run_step_says_it_changed_nothing_even_when_the_rate_fell() -> None:
