@@ -60,6 +60,7 @@ from detector.sim.scenario import Scenario
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
 APPROVER = "sim-oncall"
 STORE = "sim.db"  # the store's file in the work folder
+START = 1_741_942_800.0  # 2025-03-14T09:00:00Z, as the bundled recordings: event time 0
 
 
 class Containment(StrEnum):
@@ -68,9 +69,6 @@ class Containment(StrEnum):
     OFF = "off"
     ON = "on"
     PREDICTIVE = "predictive"
-
-
-START = 1_741_942_800.0  # 2025-03-14T09:00:00Z, as the bundled recordings: event time 0
 
 
 @dataclass(frozen=True)
