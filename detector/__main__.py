@@ -1,5 +1,5 @@
 """Run the command line with ``python -m detector``."""
 
-from detector.cli.main import app
+from detector.cli.main import main
 
-app()
+main()

@@ -23,7 +23,7 @@ from detector.cli.approvals import (
 )
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
-from detector.cli.exits import fail, interruptible
+from detector.cli.exits import INTERRUPTED, fail, interruptible
 from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
@@ -168,5 +168,26 @@ def migrate_cmd(
     typer.echo(printable(f"database at head: {db.redact(settings.database.url)}"))
 
 
+def main() -> None:
+    """Run the command line (``detector``, ``python -m detector``).
+
+    A usage error (an unknown option, a bad value, a missing argument) is one line on stderr
+    naming the command's ``--help``, exit 2, instead of click's boxed usage text; no arguments
+    print the help, as before.
+    """
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        raise SystemExit(INTERRUPTED) from None
+    except typer.TyperException as exc:  # click's usage errors and exceptions, as typer has them
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        line = printable(f"error: {exc.format_message()}{where}", one_line=True)
+        typer.echo(line, err=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

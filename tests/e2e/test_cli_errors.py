@@ -226,3 +226,18 @@ def test_the_same_records_in_another_file_add_nothing(tmp_path: Path) -> None:
     assert len(timelines[1]) == len(timelines[0]) == len(timelines[2])
     configs = [(e["time"], e["message"]) for e in timelines[1] if "engine_config" in e["message"]]
     assert len(configs) == len(set(configs)) == 20
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("replay", "--nope"), ("No such option: --nope", "replay --help")),
+        (("simulate", "--containment", "maybe"), ("--containment", "simulate --help")),
+        (("approve",), ("Missing argument", "approve --help")),
+        (("ceilings", "--tensor-parallel", "x"), ("--tensor-parallel", "ceilings --help")),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_the_commands_help(
+    args: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    one_line_error(detector(*args), *words)
