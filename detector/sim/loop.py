@@ -206,7 +206,7 @@ def _run(
                 if sinks is not None:
                     sinks.write(name, text)
                 processor.process(_parse(text, SourcePos(name, lines[name])), session)
-                cluster.apply()
+            cluster.apply()  # what the step's records made the detector do, at the step's time
             if t >= next_finish:
                 next_finish += FINISH_EVERY_S
                 processor.finish(session)
