@@ -126,8 +126,8 @@ class SimCluster:
                  "max-model-len": e.max_model_len}  # fmt: skip
         now = self.endpoint.deployment_args()
         out += [f"--{k}={now[k]} (was {v})" for k, v in first.items() if now.get(k, v) != v]
-        if self.endpoint.gateway.limit is not None:
-            out.append(f"nginx: {_describe(self.endpoint.gateway.limit)}")
+        if self.endpoint.gateway_limit is not None:
+            out.append(f"nginx: {_describe(self.endpoint.gateway_limit)}")
         return out
 
     def sync(self) -> None:

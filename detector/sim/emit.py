@@ -18,6 +18,7 @@ from detector.lab import recording_crashes as crashes
 from detector.lab import wordings as w
 from detector.lab.recorder import Pod, Recorder
 from detector.sim.engine import GIB, Engine, Oom, Physics
+from detector.sim.scenario import Scenario
 
 MIB = 1024**2
 REQUEST = "POST /v1/chat/completions"
@@ -25,15 +26,29 @@ _STARTUP_SPAN_S = 43.0  # the last start-up line's offset in wordings' vLLM star
 
 
 def startup_lines(
-    rec: Recorder, t0: float, engine_tag: str, args: dict[str, int], phys: Physics, load_s: float
+    rec: Recorder,
+    t0: float,
+    engine_tag: str,
+    args: dict[str, int],
+    phys: Physics,
+    load_s: float,
+    scenario: Scenario,
 ) -> list[w.Line]:
-    """Return vLLM's start-up lines at ``t0`` with this engine's args and KV-cache figures.
+    """Return the server's start-up lines at ``t0`` with this engine's args and KV-cache figures.
 
-    The template is ``wordings.vllm_startup`` (vLLM 0.10.1 on an H100); its ceilings, KV-cache
-    size, blocks and concurrency are replaced by the model's, and its offsets stretched to end
-    one second before Ready (``load_s`` after the container starts).
+    vLLM: the template is ``wordings.vllm_startup`` (vLLM 0.10.1 on an H100); its ceilings,
+    KV-cache size, blocks and concurrency are replaced by the model's, and its offsets stretched
+    to end one second before Ready (``load_s`` after the container starts). A server without
+    paged attention logs its model load and uvicorn's start-up.
     """
     scale = max(0.1, (load_s - 2.0) / _STARTUP_SPAN_S)
+    if not phys.paged:
+        steps = [
+            (0.0, "server.model", f"loading {scenario.model.name} on cuda:0 (bfloat16)"),
+            (load_s - 2.0, "server.model", f"model ready; dynamic batching up to "
+                                           f"{args['max-num-seqs']} requests"),
+        ]  # fmt: skip
+        return [(t0 + dt, stream, text) for dt, stream, text in _python_service(rec, t0, steps)]
     seqs, batched, length = (
         args["max-num-seqs"],
         args["max-num-batched-tokens"],
@@ -65,12 +80,49 @@ def startup_lines(
     return out
 
 
-def oom_death(rec: Recorder, pod: Pod, t: float, engine_tag: str, oom: Oom) -> None:
+def _python_service(
+    rec: Recorder, t0: float, steps: list[tuple[float, str, str]]
+) -> list[w.Line]:
+    """Return Python logging lines, then uvicorn's start-up (``wordings``' shape)."""
+    out = [(dt, "stderr", w.pylog(rec.start + t0 + dt, "INFO", name, msg)) for dt, name, msg in steps]
+    last = steps[-1][0] + 0.3
+    up = ("Started server process [1]", "Application startup complete.",
+          "Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)")  # fmt: skip
+    return out + [(last, "stderr", f"INFO:     {msg}") for msg in up]
+
+
+def oom_death(rec: Recorder, pod: Pod, t: float, engine_tag: str, oom: Oom, paged: bool) -> None:
     """Log the engine's death by CUDA OOM: the traceback and ``torch.OutOfMemoryError``."""
     free = max(2 * MIB, oom.capacity - oom.in_use)
     tried = max(oom.tried, free + 2 * MIB)
     numbers = w.OomNumbers(float(tried), float(oom.capacity), float(free), 0.41 * GIB)
-    rec.lines(pod, t, w.vllm_oom_death(rec.start + t, engine_tag, numbers, []))
+    if paged:
+        rec.lines(pod, t, w.vllm_oom_death(rec.start + t, engine_tag, numbers, []))
+        return
+    site = "/opt/conda/lib/python3.11/site-packages/transformers/generation/utils.py"
+    table = (
+        f"{site}|2215|generate|result = self._sample(\n"
+        f"{site}|3206|_sample|outputs = self(**model_inputs, return_dict=True)"
+    )
+    lines = ["Traceback (most recent call last):", *w.frames(table), numbers.message()]
+    rec.lines(pod, t, [(0.0, "stderr", text) for text in lines])
+
+
+def start_failed(rec: Recorder, pod: Pod, t: float, scenario: Scenario) -> None:
+    """Log vLLM's start-up failure on a GPU the dead engine still holds (vllm#42017).
+
+    ``gpu_worker.py``: "Free memory on device (X/Y GiB) on startup is less than desired GPU
+    memory utilization (U, Z GiB). Decrease GPU memory utilization or reduce GPU memory used by
+    other processes."
+    """
+    total, util = scenario.gpu.capacity_gib, scenario.engine.gpu_memory_utilization
+    free = total * 0.12
+    text = (
+        f"ValueError: Free memory on device ({free:.2f}/{total:.2f} GiB) on startup is less "
+        f"than desired GPU memory utilization ({util}, {total * util:.2f} GiB). Decrease GPU "
+        "memory utilization or reduce GPU memory used by other processes."
+    )
+    rec.log(pod, t, w.vllm_prefix(rec.start + t, "ERROR", "core.py:700", "") + text)
 
 
 def crash_death(rec: Recorder, pod: Pod, t: float, engine_tag: str) -> None:
@@ -106,6 +158,7 @@ def gauges(rec: Recorder, pod: Pod, t: float, engine: Engine, model: str) -> Non
     rec.sample(t, "vllm:kv_cache_usage_perc", engine.kv_usage(), labels)
     rec.sample(t, "vllm:num_requests_running", len(engine.running), labels)
     rec.sample(t, "vllm:num_requests_waiting", len(engine.waiting), labels)
+    rec.sample(t, "vllm:num_preemptions_total", engine.preemptions, labels)
 
 
 def framebuffer(rec: Recorder, pod: Pod, t: float, used_bytes: float) -> None:
@@ -120,6 +173,21 @@ def probe_failed(rec: Recorder, pod: Pod, t: float) -> None:
         "connect: connection refused"
     )
     rec.event(t, pod, "Unhealthy", msg, warning=True)
+
+
+def probe_timed_out(rec: Recorder, pod: Pod, t: float, kind: str) -> None:
+    """Add the kubelet's ``Readiness``/``Liveness probe failed`` of a ``/health`` too slow."""
+    msg = (
+        f'{kind} probe failed: Get "http://{pod.addr}/health": context deadline exceeded '
+        "(Client.Timeout exceeded while awaiting headers)"
+    )
+    rec.event(t, pod, "Unhealthy", msg, warning=True)
+
+
+def liveness_kill(rec: Recorder, pod: Pod, t: float) -> None:
+    """Add the kubelet's Killing event of a container that failed its liveness probe."""
+    msg = f"Container {pod.container} failed liveness probe, will be restarted"
+    rec.event(t, pod, "Killing", msg)
 
 
 def killing(rec: Recorder, pod: Pod, t: float) -> None:

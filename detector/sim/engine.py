@@ -1,31 +1,46 @@
-"""One vLLM replica: continuous batching, KV-cache growth and the GPU memory of each step.
+"""One serving engine's scheduler, speed and GPU memory, each from the engine's own rules.
 
-The memory model (one GPU per replica, bytes):
+**vLLM V1** (``kind: vllm``), after ``vllm/v1/core/sched/scheduler.py`` (v0.11.0,
+https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.py) and
+``vllm/v1/worker/gpu_worker.py``:
 
-- weights: the model's weights as vLLM logs them (Llama-3.1-8B: 14.99 GiB);
-- KV cache: each running sequence holds ``kv_bytes_per_token`` (``detector.capacity.sizing``:
-  2 x layers x KV heads x head dim x bytes; 128 KiB for Llama-3.1-8B in bf16) for every prompt
-  token prefilled so far and every token generated (https://arxiv.org/abs/2309.06180 s2.3);
-- activation peak of the step: ``activation_bytes_per_token`` x the step's batched tokens
-  (decodes plus the prefill chunk, at most ``max_num_batched_tokens``) plus the fp32 logits
-  of the running sequences (vocab x 4 bytes each); a ``prompt_logprobs`` request in prefill
-  adds ``logprobs_copies`` fp32-sized ``[prompt tokens so far, vocab]`` tensors (logits,
-  log-softmax, the top-k sort's values and int64 indices: 5), as the prompt-logprobs path
-  materialized them before it was chunked (vllm-project/vllm#5907, #14239);
-- non-torch memory: CUDA context, NCCL and cuBLAS workspaces.
+- the KV pool is fixed at start: ``total x gpu_memory_utilization - (weights + profiled
+  activation peak + non-torch memory)`` ("Available KV cache memory"), in blocks of
+  ``block_size`` tokens; CUDA graphs are captured after it is sized and are not in it;
+- each step the RUNNING requests are scheduled first, oldest first: a request's new tokens
+  need KV blocks (``allocate_slots``); when a block is missing the newest running request is
+  preempted (FCFS: ``self.running.pop()``): its blocks are freed, ``num_computed_tokens = 0``
+  (recompute: prompt and generated tokens are prefilled again) and it goes to the FRONT of the
+  waiting queue; counted in ``vllm:num_preemptions_total``, never logged by V1;
+- WAITING requests are admitted only in a step without preemption, in order, while a running
+  slot is free (``max_num_seqs``), the token budget (``max_num_batched_tokens``) lasts and
+  ``allocate_slots`` succeeds for the chunk; the first that does not fit stops admission;
+- so the KV cache never causes an OOM. What does is memory the start-up profile never measured
+  (``profile_run`` runs ``max_num_batched_tokens`` tokens and samples ``min(max_num_seqs,
+  max_num_batched_tokens)`` rows with ``max_num_logprobs=None``): a ``prompt_logprobs``
+  request's ``[scheduled tokens, vocab]`` logits and their fp32 ``log_softmax``
+  (``_get_prompt_logprobs_dict``; vllm#5907, PR #52054: "~7.5 GiB" at 8192 tokens and a 152k
+  vocabulary); the sampler's fp32 ``log_softmax`` over ``[running, vocab]`` when any running
+  request asks for ``logprobs`` (``Sampler.compute_logprobs``); and an activation peak that
+  grows with the context the batch holds (vllm#13100 at utilization 0.99, #13582 at 0.97:
+  crashes with concurrent long-context requests, none with one; neither report names the
+  buffer, so ``long_context_bytes_per_token`` is a stand-in fitted to #13100: several ~10.5k-token
+  requests pass the ~0.8 GiB an A100 80GB keeps at 0.99, one does not). They must
+  fit in what the reservation leaves: ``total x (1 - utilization)`` less CUDA graphs and any
+  other process on the GPU. More is ``torch.OutOfMemoryError`` and the engine dies.
 
-When their sum passes the GPU's capacity the step's allocation fails: ``torch.OutOfMemoryError``
-and the engine dies. The simplification, stated: the simulated scheduler admits sequences by
-``max_num_seqs`` and the step's token budget only, and KV blocks are allocated as tokens come
-(past the pool vLLM profiles at start) - the unbounded dynamic batch of the failure this project
-exists for. With ``max_num_seqs`` at the ceiling ``detector ceilings`` computes (sequences of
-``max_model_len`` that fit the pool) the KV cache never passes the pool and the replica
-survives. ``kv_cache_usage_perc`` is the KV held over the pool, at most 1.
+**Without paged attention** (``kind: unpaged``: a plain PyTorch/transformers server, Triton
+dynamic batching): nothing reserves a pool; up to ``max_num_seqs`` requests run at once, each
+holding KV for every token it has, and batch x length is the memory: when weights, KV and the
+step's activations pass the GPU the allocation fails (the design card's many 32k prompts).
 
-Speeds: every running sequence past its prefill gains ``decode_tokens_per_s``; the replica
-prefills ``prefill_tokens_per_s`` prompt tokens a second, first come first served, each step's
-chunk bounded by ``max_num_batched_tokens`` less the decodes of the step (chunked prefill,
+Speed (both kinds): one engine iteration takes ``iteration_base_s + iteration_per_seq_s x
+running + prefill tokens / prefill_tokens_per_s``; each running request past its prefill gains
+one token per iteration, so decode slows as the batch grows and long prefills slow everyone
+(chunked prefill mixes both in one batch of at most ``max_num_batched_tokens``:
 https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill).
+
+This module imports nothing of the product: its memory is the engine's, not the detector's.
 """
 
 from __future__ import annotations
@@ -33,7 +48,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from detector.capacity import sizing
 from detector.sim.scenario import Scenario
 
 GIB = 1024**3
@@ -42,103 +56,133 @@ FP32 = 4
 
 @dataclass(frozen=True, slots=True)
 class Physics:
-    """The memory constants of one replica, in bytes (module docstring)."""
+    """The constants of one engine, bytes and seconds (module docstring)."""
 
+    paged: bool
+    block_size: int
     kv_bytes_per_token: int
     weights_bytes: int
     non_torch_bytes: int
     capacity_bytes: int
-    reserved_bytes: int  # what vLLM holds from start: utilization x capacity
-    kv_pool_tokens: int
+    kv_pool_tokens: int  # 0 without paged attention
     kv_pool_bytes: int
+    headroom_bytes: int  # what the reservation leaves for allocations the profile missed
     vocab: int
     activation_bytes_per_token: int
-    logprobs_copies: int
-    decode_tokens_per_s: float
+    logprobs_bytes_per_entry: int
+    long_context_bytes_per_token: float  # unprofiled bytes per token of context in the batch
+    iteration_base_s: float
+    iteration_per_seq_s: float
     prefill_tokens_per_s: float
 
 
-def physics(scenario: Scenario, args: dict[str, int]) -> Physics:
-    """Return a replica's constants; the KV pool is vLLM's profile, sized by ``capacity.sizing``.
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Return the KV cache of one token: K and V per layer, ``2 x layers x heads x dim x bytes``.
 
-    Pool = capacity x utilization - weights - (activation peak at the token budget +
-    non-torch memory), as vLLM's profiler reserves it (its log: "Available KV cache memory").
+    The attention cache of a decoder-only transformer (https://arxiv.org/abs/2309.06180 s2.3).
+    """
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def physics(scenario: Scenario, args: dict[str, int]) -> Physics:
+    """Return an engine's constants for its args (``max-num-batched-tokens``, ``max-num-seqs``).
+
+    vLLM's profile (``determine_available_memory``): requested = capacity x utilization; the
+    pool is requested - weights - non-torch - the activation peak of ``max_num_batched_tokens``
+    tokens - the sampler's fp32 logits of ``min(max_num_seqs, max_num_batched_tokens)`` rows.
     """
     model, gpu, engine = scenario.model, scenario.gpu, scenario.engine
-    kvb = sizing.kv_bytes_per_token(model.layers, model.kv_heads, model.head_dim, model.dtype_bytes)
+    kvb = kv_bytes_per_token(model.layers, model.kv_heads, model.head_dim, model.dtype_bytes)
     capacity = round(gpu.capacity_gib * GIB)
     weights = round(model.weights_gib * GIB)
     non_torch = round(engine.non_torch_gib * GIB)
-    peak = engine.activation_bytes_per_token * args["max-num-batched-tokens"] + non_torch
-    pool = sizing.kv_capacity_from_memory(
-        gpu_bytes=capacity,
-        utilization=engine.gpu_memory_utilization,
-        weights_bytes=weights,
-        activation_reserve_bytes=peak,
-        bytes_per_token=kvb,
-    )
+    batched, seqs = args["max-num-batched-tokens"], args["max-num-seqs"]
+    peak = engine.activation_bytes_per_token * batched + min(seqs, batched) * model.vocab * FP32
+    requested = capacity * engine.gpu_memory_utilization
+    pool_bytes = max(0, int(requested - weights - non_torch - peak))
+    pool_tokens = pool_bytes // kvb // engine.block_size * engine.block_size
+    headroom = capacity - requested - (engine.cuda_graph_gib + engine.co_tenant_gib) * GIB
+    paged = engine.kind == "vllm"
     return Physics(
+        paged=paged,
+        block_size=engine.block_size,
         kv_bytes_per_token=kvb,
         weights_bytes=weights,
         non_torch_bytes=non_torch,
         capacity_bytes=capacity,
-        reserved_bytes=round(capacity * engine.gpu_memory_utilization),
-        kv_pool_tokens=pool.tokens,
-        kv_pool_bytes=pool.budget_bytes or pool.tokens * kvb,
+        kv_pool_tokens=pool_tokens if paged else 0,
+        kv_pool_bytes=pool_tokens * kvb if paged else 0,
+        headroom_bytes=int(headroom),
         vocab=model.vocab,
         activation_bytes_per_token=engine.activation_bytes_per_token,
-        logprobs_copies=engine.logprobs_copies,
-        decode_tokens_per_s=engine.decode_tokens_per_s,
+        logprobs_bytes_per_entry=engine.logprobs_bytes_per_entry,
+        long_context_bytes_per_token=engine.long_context_bytes_per_token,
+        iteration_base_s=engine.iteration_base_s,
+        iteration_per_seq_s=engine.iteration_per_seq_s,
         prefill_tokens_per_s=engine.prefill_tokens_per_s,
     )
 
 
 @dataclass(slots=True)
 class Sequence:
-    """One request inside an engine: tokens prefilled and generated so far."""
+    """One request inside an engine: its tokens, what it asks for, and its progress.
+
+    ``computed``: tokens whose KV is in the cache; the request is prefilling while ``computed <
+    prompt + generated`` (after a preemption it prefills its generated tokens again).
+    """
 
     rid: int
     prompt: int
     output: int
     logprobs: bool = False
-    prefilled: int = 0
+    prompt_logprobs: bool = False
     generated: float = 0.0
+    computed: float = 0.0
+    blocks: int = 0
+    preempted: int = 0
 
     @property
-    def tokens(self) -> float:
-        """Return the tokens whose KV the sequence holds."""
-        return self.prefilled + self.generated
+    def target(self) -> float:
+        """Return the tokens to prefill before the next decode: prompt and generated."""
+        return self.prompt + self.generated
+
+    @property
+    def prefilling(self) -> bool:
+        """Return whether the request still has prompt (or recomputed) tokens to prefill."""
+        return self.computed < self.target - 1e-9
 
 
 @dataclass(frozen=True, slots=True)
 class Oom:
-    """A failed allocation: what was tried and the memory around it, in bytes."""
+    """A failed allocation: the bytes tried, the bytes in use, the capacity, and what it was."""
 
     tried: int
     in_use: int
     capacity: int
+    cause: str  # "prompt_logprobs" | "sampler_logprobs" | "long_context" | "kv_cache"
 
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What one step did: finished sequences with their fraction of the step, or the OOM."""
+    """What one step did: finished requests with the fraction of the step, or the OOM."""
 
     finished: list[tuple[Sequence, float]]
     oom: Oom | None
-    in_use_bytes: int
+    first_tokens: list[Sequence] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class Engine:
-    """The scheduler and memory of one running vLLM engine (module docstring)."""
+    """The scheduler and memory of one running engine (module docstring)."""
 
     phys: Physics
     max_num_seqs: int
     max_num_batched_tokens: int
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
-    prompt_tokens: float = 0.0  # counters for the stats line
+    prompt_tokens: float = 0.0  # counters for the stats line, reset by it
     generation_tokens: float = 0.0
+    preemptions: int = 0  # vllm:num_preemptions_total
     in_use_bytes: int = 0
 
     @property
@@ -146,16 +190,30 @@ class Engine:
         """Return the requests in the engine (running and waiting): its connections."""
         return len(self.running) + len(self.waiting)
 
-    def kv_bytes(self) -> float:
-        """Return the KV-cache bytes the running sequences hold."""
-        return sum(s.tokens for s in self.running) * self.phys.kv_bytes_per_token
+    @property
+    def free_blocks(self) -> int:
+        """Return the KV blocks no running request holds."""
+        return self.phys.kv_pool_tokens // self.phys.block_size - self._held_blocks()
+
+    def _held_blocks(self) -> int:
+        return sum(s.blocks for s in self.running)
 
     def kv_usage(self) -> float:
-        """Return vLLM's ``kv_cache_usage_perc``: KV held over the pool, 0-1."""
-        return min(1.0, self.kv_bytes() / max(1, self.phys.kv_pool_bytes))
+        """Return vLLM's ``kv_cache_usage_perc``: blocks held over the pool, 0-1.
+
+        Without a pool (unpaged), the KV held over what the GPU leaves after the weights.
+        """
+        phys = self.phys
+        if phys.paged:
+            return min(1.0, self._held_blocks() * phys.block_size / max(1, phys.kv_pool_tokens))
+        room = phys.capacity_bytes - phys.weights_bytes - phys.non_torch_bytes
+        return min(1.0, self._kv_bytes() / max(1, room))
+
+    def _kv_bytes(self) -> float:
+        return sum(s.computed for s in self.running) * self.phys.kv_bytes_per_token
 
     def remove(self, rid: int) -> bool:
-        """Abort a request (client gone, upstream timeout); True if it was here."""
+        """Abort a request (client gone, upstream timeout), freeing its blocks; True if here."""
         for queue in (self.running, self.waiting):
             for seq in queue:
                 if seq.rid == rid:
@@ -163,39 +221,171 @@ class Engine:
                     return True
         return False
 
+    def _blocks_for(self, tokens: float) -> int:
+        size = self.phys.block_size
+        return int(-(-int(tokens + 0.999) // size))
+
+    # --- one step --------------------------------------------------------------------------
+
     def step(self, dt: float) -> StepResult:
-        """Advance ``dt`` seconds: admit, prefill, decode, then check the step's memory."""
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            self.running.append(self.waiting.popleft())
+        """Advance ``dt`` seconds of engine iterations: schedule, check memory, progress."""
         phys = self.phys
-        decoding = [s for s in self.running if s.prefilled >= s.prompt]
-        prefilling = [s for s in self.running if s.prefilled < s.prompt]
-        room = max(0, self.max_num_batched_tokens - len(decoding))
-        steps = phys.decode_tokens_per_s * dt
-        budget = int(min(phys.prefill_tokens_per_s * dt, steps * room))
-        pending = sum(s.prompt - s.prefilled for s in prefilling)
-        batched = min(self.max_num_batched_tokens, len(decoding) + pending)
-        logits = len(self.running) * phys.vocab * FP32
-        for seq in prefilling:
-            take = min(budget, seq.prompt - seq.prefilled)
-            seq.prefilled += take
-            budget -= take
-            self.prompt_tokens += take
-            if seq.logprobs and take:
-                logits += seq.prefilled * phys.vocab * FP32 * phys.logprobs_copies
-        finished: list[tuple[Sequence, float]] = []
-        gain = phys.decode_tokens_per_s * dt
-        for seq in decoding:
-            left = seq.output - seq.generated
-            seq.generated += min(gain, left)
-            self.generation_tokens += min(gain, left)
-            if left <= gain:
-                finished.append((seq, left / gain if gain else 1.0))
-        activation = phys.activation_bytes_per_token * batched + logits
-        held = phys.weights_bytes + phys.non_torch_bytes + round(self.kv_bytes())
-        self.in_use_bytes = held + activation
+        decoding = sum(1 for s in self.running if not s.prefilling)
+        prefill_room = max(0, self.max_num_batched_tokens - decoding)
+        iterations, prefill_cap = self._iterations(dt, decoding, prefill_room)
+        if phys.paged:
+            preempted = self._schedule_running(iterations, prefill_cap)
+            if not preempted:
+                self._admit(prefill_cap)
+        else:
+            while self.waiting and len(self.running) < self.max_num_seqs:
+                self.running.append(self.waiting.popleft())
+        chunks = self._prefill_chunks(prefill_cap)
+        oom = self._memory(chunks, iterations, prefill_room)
+        if oom is not None:
+            return StepResult([], oom)
+        return self._progress(chunks, iterations)
+
+    def _iterations(self, dt: float, decoding: int, room: int) -> tuple[float, float]:
+        """Return (engine iterations in ``dt``, prompt tokens they can prefill)."""
+        phys = self.phys
+        running = len(self.running) + min(len(self.waiting), self.max_num_seqs)
+        decode_s = phys.iteration_base_s + phys.iteration_per_seq_s * running
+        demand = sum(s.target - s.computed for s in self.running)
+        demand += sum(s.target for s in self.waiting)
+        if demand <= 0 or room <= 0:
+            return dt / decode_s, 0.0
+        full = dt / (decode_s + room / phys.prefill_tokens_per_s)  # every iteration chunked full
+        if full * room < demand:
+            return full, full * room
+        spare = dt - demand / phys.prefill_tokens_per_s
+        return max(full, spare / decode_s), demand
+
+    def _schedule_running(self, iterations: float, prefill_cap: float) -> bool:
+        """Give running requests the blocks of their new tokens, preempting the newest."""
+        budget, preempted, k = prefill_cap, False, 0
+        while k < len(self.running):
+            seq = self.running[k]
+            if seq.prefilling:
+                take = min(budget, seq.target - seq.computed)
+                budget -= take
+                grow = take
+            else:
+                grow = min(iterations, seq.output - seq.generated)
+            need = self._blocks_for(seq.computed + grow) - seq.blocks
+            while need > self.free_blocks:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    return True
+            seq.blocks += max(0, need)
+            k += 1
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        seq.blocks, seq.computed = 0, 0.0
+        seq.preempted += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _admit(self, prefill_cap: float) -> None:
+        """Admit waiting requests in order while slots, budget and blocks last."""
+        budget = prefill_cap - sum(s.target - s.computed for s in self.running if s.prefilling)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            chunk = min(budget, seq.target)
+            need = self._blocks_for(chunk)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            seq.blocks = need
+            self.running.append(seq)
+            budget -= chunk
+
+    def _prefill_chunks(self, prefill_cap: float) -> list[tuple[Sequence, float]]:
+        """Return the prompt tokens each prefilling request gets this step, first come first."""
+        out: list[tuple[Sequence, float]] = []
+        budget = prefill_cap
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.prefilling:
+                take = min(budget, seq.target - seq.computed)
+                if self.phys.paged:
+                    take = min(take, seq.blocks * self.phys.block_size - seq.computed)
+                if take > 0:
+                    out.append((seq, take))
+                    budget -= take
+        return out
+
+    def _memory(
+        self, chunks: list[tuple[Sequence, float]], iterations: float, room: int
+    ) -> Oom | None:
+        """Return the step's failed allocation, or None when everything fits."""
+        phys = self.phys
+        rows = len(self.running)
+        per_iteration = max(1.0, iterations)
+        if phys.paged:
+            free = phys.headroom_bytes
+            extra = [
+                (
+                    "prompt_logprobs",
+                    max(
+                        (min(take / per_iteration, room) * phys.vocab * phys.logprobs_bytes_per_entry
+                         for s, take in chunks if s.prompt_logprobs),
+                        default=0.0,
+                    ),
+                ),
+                (
+                    "sampler_logprobs",
+                    rows * phys.vocab * phys.logprobs_bytes_per_entry
+                    if any(s.logprobs for s in self.running) else 0.0,
+                ),
+                (
+                    "long_context",
+                    sum(s.computed for s in self.running) * phys.long_context_bytes_per_token,
+                ),
+            ]  # fmt: skip
+            self.in_use_bytes = int(phys.capacity_bytes - free + sum(b for _, b in extra))
+            cause, tried = max(extra, key=lambda item: item[1])
+            if sum(b for _, b in extra) > free:
+                return Oom(int(tried), phys.capacity_bytes - free, phys.capacity_bytes, cause)
+            return None
+        batched = min(self.max_num_batched_tokens, sum(t for _, t in chunks) + rows)
+        activation = phys.activation_bytes_per_token * batched + rows * phys.vocab * FP32
+        grown = sum(t for _, t in chunks) + iterations * (rows - len(chunks))
+        held = phys.weights_bytes + phys.non_torch_bytes + self._kv_bytes()
+        kv_step = grown * phys.kv_bytes_per_token
+        self.in_use_bytes = int(held + kv_step + activation)
         if self.in_use_bytes > phys.capacity_bytes:
-            return StepResult([], Oom(activation, held, phys.capacity_bytes), self.in_use_bytes)
-        for seq, _ in finished:
-            self.running.remove(seq)
-        return StepResult(finished, None, self.in_use_bytes)
+            return Oom(int(kv_step + activation), int(held), phys.capacity_bytes, "kv_cache")
+        return None
+
+    def _progress(self, chunks: list[tuple[Sequence, float]], iterations: float) -> StepResult:
+        """Prefill the chunks, decode the rest; return what finished and what began to stream."""
+        prefilled = {id(s): take for s, take in chunks}
+        finished: list[tuple[Sequence, float]] = []
+        first: list[Sequence] = []
+        for seq in list(self.running):
+            take = prefilled.get(id(seq))
+            if take is not None:
+                seq.computed += take
+                self.prompt_tokens += take
+                continue
+            if seq.prefilling:
+                continue  # no budget left this step
+            left = seq.output - seq.generated
+            gain = min(iterations, left)
+            if seq.generated == 0 and gain > 0:
+                first.append(seq)
+            seq.generated += gain
+            seq.computed += gain
+            self.generation_tokens += gain
+            if self.phys.paged:
+                seq.blocks = max(seq.blocks, self._blocks_for(seq.computed))
+            if left <= iterations:
+                finished.append((seq, left / iterations if iterations else 1.0))
+                self.running.remove(seq)
+        return StepResult(finished, None, first)
+

@@ -54,7 +54,7 @@ from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.sim.cluster import SimCluster
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
-from detector.sim.model import Endpoint
+from detector.sim.model import Endpoint, client_outcome
 from detector.sim.scenario import Scenario
 
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
@@ -73,37 +73,53 @@ class Containment(StrEnum):
 
 @dataclass(frozen=True)
 class SimOutcome:
-    """What happened in one run: the endpoint's figures and the detector's.
+    """What happened in one run: what the clients felt, the endpoint's figures, the detector's.
 
-    ``pods_lost`` counts the replicas that died of GPU OOM at least once (``victims``: the
-    first pod of each, in order); ``requests`` counts every attempt, clients' retries
-    included, so ``failed_requests`` (5xx) and ``shed_requests`` (429) are shares of it (a few
-    are still in flight when the run ends). Times are seconds from the first GPU OOM (None
-    when it did not happen): ``detect_s`` to the incident's ``cascading`` stage (from the
-    postmortem's detection milestones), ``contain_s`` to the first write of the real
-    actuators that reached the cluster, ``recover_s`` until every replica serves again and
-    keeps serving to the end of the run. ``actions`` are those writes, in order: ``METHOD
-    path`` for the Kubernetes API, ``nginx: ...`` for the gateway's limit; ``in_force`` what
-    they left changed at the end. ``verdict``: the reason of a "not this pattern" verdict.
+    Per client request (a request and its retries, ``detector.sim.model.ClientOutcome``):
+    ``client_requests``, ``client_failed`` (the last attempt failed; shed ones included),
+    ``shed_requests`` (the last attempt refused at the gateway: 429/413/400),
+    ``client_unfinished``, ``goodput_tokens_per_s``, ``latency_p50_s``/``latency_p99_s``.
+    Per attempt: ``attempts``, ``attempts_5xx``, ``attempts_429``. ``pods_lost`` counts the
+    replicas that died of GPU OOM at least once (``victims``: the first pod of each, in order;
+    ``oom_causes``: what each OOM allocated for); ``non_oom_deaths``: faults, liveness kills,
+    failed starts; ``preemptions``: vLLM's, over the run. Times are seconds from the first GPU
+    OOM (None when it did not happen): ``detect_s`` to the incident's ``cascading`` stage,
+    ``contain_s`` to the first write of the real actuators that reached the cluster,
+    ``recover_s`` until every replica serves again and keeps serving to the end of the run.
+    ``incidents``: how many the detector opened; ``actions``: the writes that reached the
+    cluster, in order (``METHOD path`` for the Kubernetes API, ``nginx: ...`` for the
+    gateway); ``left_in_force``: what they left changed at the end. ``verdict``: the reason of
+    a "not this pattern" verdict.
     """
 
     scenario: str
     containment: Containment
     seed: int
+    client_requests: int
+    client_failed: int
+    shed_requests: int
+    client_unfinished: int
+    goodput_tokens_per_s: float
+    latency_p50_s: float | None
+    latency_p99_s: float | None
     pods_total: int
     pods_lost: int
     victims: list[str]
-    requests: int
-    failed_requests: int
-    shed_requests: int
+    oom_causes: list[str]
+    non_oom_deaths: int
+    preemptions: int
+    attempts: int
+    attempts_5xx: int
+    attempts_429: int
     detect_s: float | None
     contain_s: float | None
     recover_s: float | None
+    incidents: int
     incident: str | None
     stage: str | None
     verdict: str | None = None
     actions: list[str] = field(default_factory=list)
-    in_force: list[str] = field(default_factory=list)
+    left_in_force: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the outcome as JSON-ready data."""
@@ -172,8 +188,8 @@ def simulate(
         cluster = SimCluster(endpoint, kube, gateway, scenario)
         settings = sim_settings(base, scenario, mode, work, gateway)
         sinks = stack.enter_context(_sinks(record))
-        key, verdict = _run(endpoint, cluster, settings, sinks, approve_after_s)
-        return _outcome(endpoint, cluster, settings, (key, verdict), mode, seed)
+        found = _run(endpoint, cluster, settings, sinks, approve_after_s)
+        return _outcome(endpoint, cluster, settings, found, mode, seed)
 
 
 def _run(
@@ -182,11 +198,11 @@ def _run(
     settings: Settings,
     sinks: Sinks | None,
     approve_after_s: float,
-) -> tuple[str | None, str | None]:
+) -> tuple[list[str], str | None]:
     """Advance the model to its end, feeding the detector.
 
-    Returns the key of the first incident the run opened and the reason of its first "not
-    this pattern" verdict (None when there was none).
+    Returns the keys of the incidents the run opened and the reason of its first "not this
+    pattern" verdict (None when there was none).
     """
     processor = Processor.from_settings(settings)
     db.upgrade(settings.database.url)
@@ -216,8 +232,7 @@ def _run(
         processor.finish(session)
         session.commit()
         verdicts = load_verdicts(session=session, dedupe_keys=list(processor.verdicts)[:1])
-        key = next(iter(processor.seen), None)
-        return key, verdicts[0].reason if verdicts else None
+        return list(processor.seen), verdicts[0].reason if verdicts else None
     finally:
         session.close()
         engine.dispose()
@@ -268,12 +283,17 @@ def _outcome(
     endpoint: Endpoint,
     cluster: SimCluster,
     settings: Settings,
-    found: tuple[str | None, str | None],
+    found: tuple[list[str], str | None],
     mode: Containment,
     seed: int | None,
 ) -> SimOutcome:
-    (key, verdict), o, s = found, endpoint.outcome, endpoint.scenario
+    (keys, verdict), o, s = found, endpoint.outcome, endpoint.scenario
+    key = keys[0] if keys else None
     first = o.first_oom_at
+    for sim in endpoint.fleet.pods:
+        if sim.engine is not None:
+            o.preemptions += sim.engine.preemptions
+    clients = client_outcome(endpoint.arrivals.clients, s.duration_s)
     milestones = _milestones(settings, key) if key is not None else {}
 
     def since_first(at: float | None) -> float | None:
@@ -283,20 +303,25 @@ def _outcome(
         scenario=s.name,
         containment=mode,
         seed=s.seed if seed is None else seed,
+        **asdict(clients),
         pods_total=o.pods_total,
         pods_lost=o.pods_lost,
         victims=list(o.victims),
-        requests=o.requests,
-        failed_requests=o.failed_requests,
-        shed_requests=o.shed_requests,
+        oom_causes=list(o.oom_causes),
+        non_oom_deaths=o.non_oom_deaths + endpoint.fleet.start_failures,
+        preemptions=o.preemptions,
+        attempts=o.attempts,
+        attempts_5xx=o.attempts_5xx,
+        attempts_429=o.attempts_429,
         detect_s=milestones.get("cascading"),
         contain_s=since_first(cluster.writes[0][0] if cluster.writes else None),
         recover_s=since_first(o.all_serving_at),
+        incidents=len(keys),
         incident=key,
         stage=milestones.get("stage"),
         verdict=verdict,
         actions=[what for _, what in cluster.writes],
-        in_force=cluster.in_force(),
+        left_in_force=cluster.in_force(),
     )
 
 

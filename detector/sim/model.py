@@ -1,15 +1,24 @@
 """The simulated endpoint: replicas, traffic and emission stepped together in event time.
 
 ``Endpoint`` is pure and seeded: time is the offset it is advanced to, never a clock, and the
-same scenario and seed give the same records. Each step (``Scenario.step_s``) moves the pods
-through their lives (``pods``), routes the step's arrivals through the gateway limit and the
-load balancer (``traffic``), steps every serving engine (``engine``) and writes what each
-shows (``emit``). The load balancer answers as ingress-nginx does: 503 with upstream ``-``
-when no endpoint is Ready; 502 with upstream status 502 and the dead pod's address for the
-requests in flight when a pod dies (the connection is reset) and for a connection refused by a
-pod that died less than ``endpoint_lag_s`` ago when no other endpoint is left (otherwise
-nginx tries the next one); 504 after ``upstream_timeout_s`` without an answer (the engine
-aborts the request); 429 from the gateway limit, counted as shed, not failed.
+same scenario and seed give the same records. Each random concern draws from its own
+generator (arrivals, retry jitter, each replica slot's load times and restarts, the moment of
+a death inside a step), so the containment modes of one seed see the same clients. Each step
+(``Scenario.step_s``) moves the pods through their lives (``pods``), routes the step's
+arrivals through a gateway replica's limit and the load balancer (``traffic``), steps every
+serving engine (``engine``) and writes what each shows (``emit``).
+
+The answers, as ingress-nginx and vLLM give them: 503 with upstream ``-`` when no endpoint is
+Ready; when an engine dies of OOM, 500 from vLLM to its requests in flight (``EngineDeadError``
+-> HTTP 500, ``vllm/entrypoints/launcher.py``) and, for a stream that has begun, the 200
+already sent and a cut body (``upstream prematurely closed connection``); 502 for the
+requests inside a pod that is killed (eviction, rollout, liveness: the connection is reset)
+and for a connection refused by a pod that died less than ``endpoint_lag_s`` ago when no
+other endpoint is left (otherwise nginx tries the next one); 504 after
+``upstream_timeout_s`` without response headers (a stream's first token is its headers);
+499 when the client's own timeout comes first; 400 for a prompt over ``max-model-len``; 429
+from the gateway limit. Every answer goes back to its client (``Arrivals.answered``), which
+retries or ends there.
 
 The actuation methods (``set_deployment_args``, ``evict``, ``set_gateway_limit``) act at
 ``now``, as the Kubernetes API server and the gateway would.
@@ -27,7 +36,7 @@ from detector.sim import emit
 from detector.sim.engine import Sequence
 from detector.sim.pods import Fleet, SimPod, State, Template
 from detector.sim.scenario import Scenario
-from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
+from detector.sim.traffic import GATEWAY_REFUSALS, Arrivals, Balancer, Client, Gateway, GatewayLimit
 
 STATS_EVERY_S = 10.0  # vLLM's stats line
 GAUGES_EVERY_S = 15.0  # Prometheus scrape of vLLM
@@ -52,22 +61,26 @@ class PodView:
 
 @dataclass
 class Outcome:
-    """What the run did to the endpoint and its clients.
+    """What the run did to the endpoint (attempts) and its pods; ``clients`` has the people.
 
     ``victims``: the first pod that died of GPU OOM in each replica slot, in order of death
-    (a slot counts once however often its pods die again); ``pods_lost`` is their number.
-    ``requests`` counts every attempt (a retry is a new request); ``failed_requests`` the 5xx;
-    ``shed_requests`` the 429s. ``all_serving_at``: the offset from which every replica is
-    Ready again after the first OOM, to the end (None if never). ``deaths``: every GPU OOM
-    death, repeats included; ``non_oom_deaths``: the other crashes.
+    (a slot counts once however often its pods die again); ``pods_lost`` is their number;
+    ``oom_causes``: what each GPU OOM tried to allocate for. ``attempts`` counts every attempt
+    (a retry is one more); ``attempts_5xx`` and ``attempts_429`` their answers.
+    ``all_serving_at``: the offset from which every replica is Ready again after the first OOM,
+    to the end (None if never). ``deaths``: every GPU OOM death, repeats included;
+    ``non_oom_deaths``: the other crashes (faults, liveness kills, failed starts);
+    ``preemptions``: vLLM's preemptions over every engine of the run.
     """
 
     pods_total: int
     pods_lost: int = 0
     victims: list[str] = field(default_factory=list)
-    requests: int = 0
-    failed_requests: int = 0
-    shed_requests: int = 0
+    oom_causes: list[str] = field(default_factory=list)
+    attempts: int = 0
+    attempts_5xx: int = 0
+    attempts_429: int = 0
+    preemptions: int = 0
     first_oom_at: float | None = None
     all_serving_at: float | None = None
     deaths: int = 0
@@ -75,14 +88,58 @@ class Outcome:
     victim_slots: set[int] = field(default_factory=set, repr=False)
 
 
+@dataclass(frozen=True)
+class ClientOutcome:
+    """What the clients felt, one client request each (its retries included).
+
+    ``client_failed``: requests whose last attempt failed, shed ones included;
+    ``shed_requests``: those whose last attempt the gateway refused (429/413/400);
+    ``client_unfinished``: still in flight or waiting to retry at the end (in neither);
+    ``goodput_tokens_per_s``: output tokens of the successful requests over the run;
+    latencies: first attempt to the successful answer, seconds (None: no success).
+    """
+
+    client_requests: int
+    client_failed: int
+    shed_requests: int
+    client_unfinished: int
+    goodput_tokens_per_s: float
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+def client_outcome(clients: list[Client], duration_s: float) -> ClientOutcome:
+    """Return the per-request outcome of ``clients`` over a run of ``duration_s`` seconds."""
+    done = [c for c in clients if c.final is not None]
+    ok = [c for c in done if c.final == 200]
+    shed = [c for c in done if c.final in GATEWAY_REFUSALS]
+    waits = sorted(c.done_at - c.first_at for c in ok if c.done_at is not None)
+
+    def quantile(q: float) -> float | None:
+        return round(waits[min(len(waits) - 1, int(q * len(waits)))], 2) if waits else None
+
+    return ClientOutcome(
+        client_requests=len(clients),
+        client_failed=len(done) - len(ok),
+        shed_requests=len(shed),
+        client_unfinished=len(clients) - len(done),
+        goodput_tokens_per_s=round(sum(c.output for c in ok) / duration_s, 1),
+        latency_p50_s=quantile(0.5),
+        latency_p99_s=quantile(0.99),
+    )
+
+
 @dataclass(slots=True)
 class _InFlight:
-    """A request inside a pod: its client, when nginx sent it and to which upstreams."""
+    """An attempt inside a pod: its client, when nginx sent it, to which upstreams, via which
+    gateway replica, and whether its stream has begun (its 200 sent)."""
 
     client: Client
     at: float
     sim: SimPod
     tried: list[tuple[str, str]]
+    gateway: Gateway
+    streaming: bool = False
 
 
 class Endpoint:
@@ -91,14 +148,17 @@ class Endpoint:
     def __init__(self, scenario: Scenario, *, start: float, seed: int | None = None) -> None:
         self.scenario = scenario
         seed = scenario.seed if seed is None else seed
-        self.recorder = Recorder(f"sim/{scenario.name}/{seed}", start)
-        self.rng = random.Random(f"sim/{scenario.name}/{seed}/model")
+        key = f"sim/{scenario.name}/{seed}"
+        self.recorder = Recorder(key, start)
+        self.rng = random.Random(f"{key}/model")
         self.now = 0.0
         self.outcome = Outcome(pods_total=scenario.replicas)
         self.lb = tr.ingress(self.recorder)
         self.upstream = f"{scenario.namespace}-{scenario.workload}-8000"
-        self.arrivals = Arrivals(scenario, random.Random(f"sim/{scenario.name}/{seed}/traffic"))
-        self.gateway = Gateway()
+        self.arrivals = Arrivals(
+            scenario, random.Random(f"{key}/arrivals"), random.Random(f"{key}/retries")
+        )
+        self.gateways = [Gateway() for _ in range(scenario.balancer.gateway_replicas)]
         self.balancer = Balancer(scenario.balancer.policy)
         engine = scenario.engine
         args = {
@@ -106,9 +166,10 @@ class Endpoint:
             "max-num-batched-tokens": engine.max_num_batched_tokens,
             "max-model-len": engine.max_model_len,
         }
-        self.fleet = Fleet(scenario, self.recorder, self._template(args))
+        self.fleet = Fleet(scenario, self.recorder, self._template(args), key)
         self.inflight: dict[int, _InFlight] = {}
         self._rid = 0
+        self._turn = 0
         self._faults = sorted(scenario.faults, key=lambda f: f.at_s)
         for slot in range(scenario.replicas):
             self.fleet.create(slot, 1.5 * slot)
@@ -157,19 +218,26 @@ class Endpoint:
         sim = next((p for p in self.fleet.pods if p.pod.name == pod_name), None)
         if sim is None:
             return False
-        self._fail_inside(sim, self.now, "502")
+        self._fail_inside(sim, self.now, killed=True)
         self.fleet.delete(sim, self.now)
         return True
 
+    @property
+    def gateway_limit(self) -> GatewayLimit | None:
+        """Return the limit every gateway replica enforces (they load the same files)."""
+        return self.gateways[0].limit
+
     def set_gateway_limit(self, limit: GatewayLimit | None) -> None:
-        """Set the gateway's aggregate 429 limit: rate and requests in progress (None: lifted)."""
-        self.gateway.set(limit, self.now)
+        """Set each gateway replica's limit: rate and requests in progress (None: lifted)."""
+        for gateway in self.gateways:
+            gateway.set(limit, self.now)
 
     # --- one step ---------------------------------------------------------------------------
 
     def _tick(self, t0: float, t1: float) -> None:
         """Advance every part of the model through ``[t0, t1)``."""
         self.fleet.tick(t0, t1)
+        self._liveness_kills()
         self._rollout()
         self._run_faults(t1)
         for t, client in self.arrivals.between(t0, t1):
@@ -180,6 +248,16 @@ class Endpoint:
         self._scrapes(t0, t1)
         self._track_serving(t1)
 
+    def _liveness_kills(self) -> None:
+        """Restart the containers the kubelet killed for a failed liveness probe."""
+        kills, self.fleet.liveness_kills = self.fleet.liveness_kills, []
+        for sim in kills:
+            t = max(self.now, sim.probe_at - self.scenario.pods.readiness.period_s)
+            self.outcome.non_oom_deaths += 1
+            self._count_preemptions(sim)
+            self._fail_inside(sim, t, killed=True)
+            self.fleet.crash(sim, t)
+
     def _rollout(self) -> None:
         """Let the Deployment controller replace old-template pods, failing what they held."""
         current = self.fleet.template.hash
@@ -187,7 +265,8 @@ class Endpoint:
             return
         for sim in self.fleet.rollout(self.now):
             if sim.engine is not None:
-                self._fail_inside(sim, self.now, "502")
+                self._count_preemptions(sim)
+                self._fail_inside(sim, self.now, killed=True)
 
     def _run_faults(self, t1: float) -> None:
         """Crash the replicas whose non-memory fault is due (when they next serve)."""
@@ -201,7 +280,8 @@ class Endpoint:
             t = max(fault.at_s, self.now)
             emit.crash_death(self.recorder, sim.pod, t, sim.engine_tag)
             self.outcome.non_oom_deaths += 1
-            self._fail_inside(sim, t + 0.5, "502")
+            self._count_preemptions(sim)
+            self._fail_inside(sim, t + 0.5)
             self.fleet.crash(sim, t)
 
     def _endpoints(self, t: float) -> list[SimPod]:
@@ -209,14 +289,17 @@ class Endpoint:
         return [
             p
             for p in self.fleet.pods
-            if p.state is State.SERVING or (p.died_at is not None and t - p.died_at < lag)
+            if (p.state is State.SERVING and p.ready)
+            or (p.died_at is not None and p.engine is None and t - p.died_at < lag)
         ]
 
     def _arrive(self, t: float, client: Client) -> None:
-        """Route one request: gateway limit, balancer, then a pod's engine or nginx's answer."""
+        """Route one attempt: a gateway replica's limit, the balancer, then an engine."""
         client.attempt += 1
-        self.outcome.requests += 1
-        if not self.gateway.allow(t, len(self.inflight)):
+        self.outcome.attempts += 1
+        self._turn += 1
+        gateway = self.gateways[self._turn % len(self.gateways)]
+        if not gateway.allow(t):
             self._answer(t, client, t, 429, [])
             return
         endpoints = self._endpoints(t)
@@ -233,13 +316,21 @@ class Endpoint:
                 return
             sim = self.balancer.pick(alive, [p.engine.load if p.engine else 0 for p in alive])
         assert sim.engine is not None
-        if client.prompt >= sim.template.arg_map()["max-model-len"]:
+        limit = sim.template.arg_map()["max-model-len"]
+        if client.prompt >= limit:
             self._answer(t + 0.01, client, t, 400, [*tried, (sim.pod.addr, "400")])
             return
-        output = min(client.output, sim.template.arg_map()["max-model-len"] - client.prompt)
         self._rid += 1
-        sim.engine.waiting.append(Sequence(self._rid, client.prompt, output, client.logprobs))
-        self.inflight[self._rid] = _InFlight(client, t, sim, tried)
+        seq = Sequence(
+            self._rid,
+            client.prompt,
+            min(client.output, limit - client.prompt),
+            client.logprobs,
+            client.prompt_logprobs,
+        )
+        sim.engine.waiting.append(seq)
+        gateway.in_progress += 1
+        self.inflight[self._rid] = _InFlight(client, t, sim, tried, gateway)
 
     def _answer(
         self,
@@ -249,40 +340,53 @@ class Endpoint:
         status: int,
         tried: list[tuple[str, str]],
         error: str = "",
+        *,
+        cut: bool = False,
     ) -> None:
-        """Log nginx's answer to one request, count it, and let the client retry a failure."""
+        """Log nginx's answer to one attempt, count it, and hand it back to its client."""
         answer = (status, max(0.0, t - sent), error)
         emit.access(
             self.lb, t, client.who, answer, tried, self.upstream, self.scenario.balancer.host
         )
         if status == 429:
-            self.outcome.shed_requests += 1
+            self.outcome.attempts_429 += 1
         elif status >= 500:
-            self.outcome.failed_requests += 1
-        if status == 429 or status >= 500:
-            self.arrivals.failed(t, client)
+            self.outcome.attempts_5xx += 1
+        self.arrivals.answered(t, client, status, cut=cut)
+
+    def _finish(self, rid: int) -> _InFlight | None:
+        info = self.inflight.pop(rid, None)
+        if info is not None:
+            info.gateway.in_progress -= 1
+        return info
 
     def _step_engine(self, sim: SimPod, t0: float, t1: float) -> None:
         """Step a serving pod's engine: answer what finished, or kill the pod on OOM."""
-        if sim.engine is None:
+        if sim.engine is None or sim.state is not State.SERVING:
             return
         result = sim.engine.step(t1 - t0)
         if result.oom is not None:
             t = t0 + (t1 - t0) * self.rng.uniform(0.2, 0.9)
-            emit.oom_death(self.recorder, sim.pod, t, sim.engine_tag, result.oom)
-            self._count_oom(sim, t)
-            self._fail_inside(sim, t + 0.02, "502")
+            emit.oom_death(self.recorder, sim.pod, t, sim.engine_tag, result.oom, sim.engine.phys.paged)
+            self._count_oom(sim, t, result.oom.cause)
+            self._count_preemptions(sim)
+            self._fail_inside(sim, t + 0.02)
             self.fleet.crash(sim, t)
             return
+        for seq in result.first_tokens:
+            info = self.inflight.get(seq.rid)
+            if info is not None and info.client.stream:
+                info.streaming = True
         for seq, frac in result.finished:
-            info = self.inflight.pop(seq.rid, None)
+            info = self._finish(seq.rid)
             if info is not None:
                 done = t0 + (t1 - t0) * frac
                 self._answer(done, info.client, info.at, 200, [*info.tried, (sim.pod.addr, "200")])
 
-    def _count_oom(self, sim: SimPod, t: float) -> None:
+    def _count_oom(self, sim: SimPod, t: float, cause: str) -> None:
         out = self.outcome
         out.deaths += 1
+        out.oom_causes.append(cause)
         if out.first_oom_at is None:
             out.first_oom_at = t
         if sim.slot not in out.victim_slots:
@@ -290,24 +394,47 @@ class Endpoint:
             out.victims.append(sim.pod.name)
             out.pods_lost = len(out.victims)
 
-    def _fail_inside(self, sim: SimPod, t: float, upstream_status: str) -> None:
-        """Answer 502 to every request inside ``sim``: its connection was reset."""
+    def _count_preemptions(self, sim: SimPod) -> None:
+        if sim.engine is not None:
+            self.outcome.preemptions += sim.engine.preemptions
+            sim.engine.preemptions = 0
+
+    def _fail_inside(self, sim: SimPod, t: float, *, killed: bool = False) -> None:
+        """Answer every attempt inside ``sim``, which dies at ``t`` (module docstring).
+
+        ``killed``: the container was killed (reset connections: 502); otherwise the engine
+        died and vLLM answered 500 before exiting. A stream that had begun keeps its 200.
+        """
         rids = [rid for rid, info in self.inflight.items() if info.sim is sim]
         for k, rid in enumerate(rids):
-            info = self.inflight.pop(rid)
-            tried = [*info.tried, (sim.pod.addr, upstream_status)]
-            self._answer(t + 0.001 * k, info.client, info.at, 502, tried, tr.CLOSED)
+            info = self._finish(rid)
+            assert info is not None
+            at = t + 0.001 * k
+            if info.streaming:
+                tried = [*info.tried, (sim.pod.addr, "200")]
+                self._answer(at, info.client, info.at, 200, tried, _CUT, cut=True)
+                continue
+            status = 502 if killed else 500
+            tried = [*info.tried, (sim.pod.addr, str(status))]
+            self._answer(at, info.client, info.at, status, tried, tr.CLOSED if killed else "")
 
     def _timeouts(self, t1: float) -> None:
-        """Answer 504 to requests without a response after the upstream timeout."""
-        limit = self.scenario.balancer.upstream_timeout_s
-        late = [rid for rid, info in self.inflight.items() if t1 - info.at >= limit]
-        for rid in late:
-            info = self.inflight.pop(rid)
+        """Answer 504 after nginx's read timeout without headers, 499 after the client's own."""
+        nginx_s = self.scenario.balancer.upstream_timeout_s
+        client_s = self.scenario.clients.timeout_s
+        for rid, info in list(self.inflight.items()):
+            waited = t1 - info.at
+            if waited >= client_s:
+                status, at, error = 499, info.at + client_s, ""
+            elif waited >= nginx_s and not info.streaming:
+                status, at, error = 504, info.at + nginx_s, tr.TIMED_OUT
+            else:
+                continue
+            self._finish(rid)
             if info.sim.engine is not None:
                 info.sim.engine.remove(rid)
-            tried = [*info.tried, (info.sim.pod.addr, "504")]
-            self._answer(info.at + limit, info.client, info.at, 504, tried, tr.TIMED_OUT)
+            tried = [*info.tried, (info.sim.pod.addr, str(status))]
+            self._answer(at, info.client, info.at, status, tried, error)
 
     def _scrapes(self, t0: float, t1: float) -> None:
         """Emit the periodic stats line, vLLM gauges and framebuffer samples due in the step."""
@@ -315,22 +442,22 @@ class Endpoint:
         for t in _multiples(FB_EVERY_S, t0, t1):
             for sim in self.fleet.pods:
                 emit.framebuffer(rec, sim.pod, t, self._fb_bytes(sim, t))
+        paged = self.scenario.engine.kind == "vllm"
         for t in _multiples(GAUGES_EVERY_S, t0, t1):
             for sim in self.fleet.pods:
-                if sim.engine is not None:
+                if sim.engine is not None and paged:
                     emit.gauges(rec, sim.pod, t, sim.engine, model)
         for t in _multiples(STATS_EVERY_S, t0, t1):
             for sim in self.fleet.pods:
-                if sim.engine is not None:
+                if sim.engine is not None and paged:
                     emit.stats(rec, sim.pod, t, sim.engine, STATS_EVERY_S)
 
     def _fb_bytes(self, sim: SimPod, t: float) -> float:
-        """Return the GPU framebuffer in use: vLLM's reservation, or more under pressure."""
+        """Return the GPU framebuffer in use: the engine's, its reservation, or the weights."""
         if sim.engine is not None:  # nvidia-smi: torch's view plus the CUDA context
-            reserved = self.scenario.engine.gpu_memory_utilization * self.scenario.gpu.total_mib
-            return max((reserved - 300) * emit.MIB, sim.engine.in_use_bytes + 470.0 * emit.MIB)
+            return sim.engine.in_use_bytes + 470.0 * emit.MIB
         if sim.state is State.LOADING:
-            into = (t - sim.started_at) / self.scenario.model.load_s
+            into = (t - sim.started_at) / max(1.0, sim.ready_at - sim.started_at)
             weights = float(self.scenario.model.weights_gib * 1024**3)
             return 520 * emit.MIB + weights * min(1.0, max(0.0, (into - 0.3) / 0.2))
         return 0.0
@@ -340,7 +467,7 @@ class Endpoint:
         if out.first_oom_at is None:
             return
         everyone = len(self.fleet.pods) == self.scenario.replicas and all(
-            p.state is State.SERVING for p in self.fleet.pods
+            p.state is State.SERVING and p.ready for p in self.fleet.pods
         )
         if not everyone:
             out.all_serving_at = None
@@ -354,13 +481,16 @@ class Endpoint:
             uid=sim.pod.uid,
             ip=sim.pod.ip,
             node=sim.pod.node,
-            ready=sim.state is State.SERVING,
+            ready=sim.state is State.SERVING and sim.ready,
             phase="Pending" if sim.state is State.CREATING else "Running",
             waiting_reason=waiting.get(sim.state),
             restart_count=sim.restarts,
             engine_args=sim.template.arg_map(),
             template_hash=sim.template.hash,
         )
+
+
+_CUT = "upstream prematurely closed connection while reading upstream"
 
 
 def _multiples(every: float, t0: float, t1: float) -> list[float]:

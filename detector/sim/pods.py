@@ -12,10 +12,19 @@ the way the Deployment controller does with ``maxSurge 0, maxUnavailable 1``: ol
 are not available are replaced at once (the controller's clean-up of unhealthy replicas),
 available ones one at a time while every other replica is available
 (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#rolling-update-deployment).
+
+Each container start draws its load time from the model's range, from the slot's own seeded
+generator; a restart after a crash fails at start for ``restart_fail_share`` of them (the dead
+engine's memory not yet freed, vllm#42017). While a pod serves, the kubelet probes ``/health``
+every ``period_s``: an answer slower than ``timeout_s`` is a failure (``context deadline
+exceeded``); ``failure_threshold`` in a row take the pod out of the endpoints (readiness, back
+at the first success) or kill and restart its container (liveness: "Container vllm failed
+liveness probe, will be restarted").
 """
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,7 +36,10 @@ from detector.sim import emit
 from detector.sim.engine import Engine, physics
 from detector.sim.scenario import Scenario
 
-VLLM_IMAGE = "docker.io/vllm/vllm-openai:v0.10.1.1"
+IMAGES = {
+    "vllm": "docker.io/vllm/vllm-openai:v0.10.1.1",
+    "unpaged": "docker.io/pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
+}
 BACKOFF_START_S = 10.0
 BACKOFF_CAP_S = 300.0
 BACKOFF_RESET_S = 600.0
@@ -82,6 +94,11 @@ class SimPod:
     backoff_s: float = BACKOFF_START_S
     engine: Engine | None = None
     engine_tag: str = ""
+    ready: bool = True  # readiness: in the endpoints while serving
+    fails_at: float | None = None  # a start that will fail (memory not freed)
+    probe_at: float = 0.0
+    ready_fails: int = 0
+    live_fails: int = 0
     pending: deque[w.Line] = field(default_factory=deque)
     next_event: float = 0.0
 
@@ -89,11 +106,14 @@ class SimPod:
 class Fleet:
     """The pods of one Deployment (module docstring); events and start-up lines go to ``rec``."""
 
-    def __init__(self, scenario: Scenario, rec: Recorder, template: Template) -> None:
+    def __init__(self, scenario: Scenario, rec: Recorder, template: Template, key: str) -> None:
         self.scenario = scenario
         self.rec = rec
         self.template = template
         self.pods: list[SimPod] = []
+        self.rngs = [random.Random(f"{key}/pods/{slot}") for slot in range(scenario.replicas)]
+        self.start_failures = 0
+        self.liveness_kills: list[SimPod] = []
         self._ips = 0
         self.gpus = [
             Gpu(
@@ -116,7 +136,7 @@ class Fleet:
         self._ips += 1
         ip = f"10.0.{1 + slot // 2}.{20 + self._ips}"
         owner = f"{sc.workload}-{tpl.hash}"
-        pod = self.rec.pod(sc.namespace, owner, self._node(slot), ip, "vllm", VLLM_IMAGE)
+        pod = self.rec.pod(sc.namespace, owner, self._node(slot), ip, "vllm", IMAGES[sc.engine.kind])
         pod.port, pod.owner_uid, pod.gpu = 8000, tpl.rs_uid, self.gpus[slot]
         pod.starts = [t + CREATE_S]
         sim = SimPod(slot, pod, tpl, State.CREATING, t)
@@ -125,14 +145,17 @@ class Fleet:
         self.pods.sort(key=lambda p: p.slot)
         return sim
 
-    def _start(self, sim: SimPod, t: float) -> None:
+    def _start(self, sim: SimPod, t: float, after_crash: bool = False) -> None:
         """Start a container of ``sim`` at ``t``: it loads the weights, then serves."""
-        load_s = self.scenario.model.load_s
+        rng = self.rngs[sim.slot]
+        load_s = rng.uniform(*self.scenario.model.load_s)
+        fails = after_crash and rng.random() < self.scenario.pods.restart_fail_share
         sim.state, sim.started_at, sim.ready_at = State.LOADING, t, t + load_s
+        sim.fails_at = t + min(8.0, load_s / 2) if fails else None
         sim.engine_tag = f"(EngineCore_0 pid={self.rec.rng.randrange(140, 190)})"
         phys = physics(self.scenario, sim.template.arg_map())
         lines = emit.startup_lines(
-            self.rec, t + 1.0, sim.engine_tag, sim.template.arg_map(), phys, load_s
+            self.rec, t + 1.0, sim.engine_tag, sim.template.arg_map(), phys, load_s, self.scenario
         )
         sim.pending = deque(lines)
         sim.next_event = t + PROBE_EVERY_S
@@ -145,12 +168,51 @@ class Fleet:
                 self._start(sim, sim.created_at + CREATE_S)
             if sim.state is State.BACKOFF:
                 self._backoff(sim, t1)
+            if sim.state is State.LOADING and sim.fails_at is not None and sim.fails_at <= t1:
+                self._start_failed(sim, sim.fails_at)
             if sim.state is State.LOADING:
                 self._loading(sim, t1)
                 if sim.ready_at <= t1:
                     self._ready(sim)
                     ready.append(sim)
+            if sim.state is State.SERVING:
+                self._probe(sim, t1)
         return ready
+
+    def _start_failed(self, sim: SimPod, t: float) -> None:
+        """Fail a start whose GPU still holds the dead engine's memory (vllm#42017)."""
+        sim.pending.clear()
+        emit.start_failed(self.rec, sim.pod, t, self.scenario)
+        self.start_failures += 1
+        self.crash(sim, t)
+
+    def _probe(self, sim: SimPod, t1: float) -> None:
+        """Probe ``/health`` at each period due by ``t1`` (module docstring)."""
+        spec = self.scenario.pods
+        period = spec.readiness.period_s
+        while sim.probe_at <= t1 and sim.engine is not None:
+            t = sim.probe_at
+            sim.probe_at += period
+            latency = spec.health_base_s + spec.health_per_request_s * sim.engine.load
+            if latency <= spec.readiness.timeout_s:
+                sim.ready_fails, sim.ready = 0, True
+            else:
+                sim.ready_fails += 1
+                emit.probe_timed_out(self.rec, sim.pod, t, "Readiness")
+                if sim.ready_fails >= spec.readiness.failure_threshold:
+                    sim.ready = False
+            live = spec.liveness
+            if live is None:
+                continue
+            if latency <= live.timeout_s:
+                sim.live_fails = 0
+                continue
+            sim.live_fails += 1
+            emit.probe_timed_out(self.rec, sim.pod, t, "Liveness")
+            if sim.live_fails >= live.failure_threshold:
+                emit.liveness_kill(self.rec, sim.pod, t)
+                self.liveness_kills.append(sim)
+                return
 
     def _backoff(self, sim: SimPod, t1: float) -> None:
         """Emit BackOff events while waiting; restart the container when the back-off ends."""
@@ -161,7 +223,7 @@ class Fleet:
             r.started(self.rec, sim.restart_at - CREATE_S, sim.pod)
             self.rec.restart(sim.pod, sim.restart_at)
             sim.restarts += 1
-            self._start(sim, sim.restart_at)
+            self._start(sim, sim.restart_at, after_crash=True)
 
     def _loading(self, sim: SimPod, t1: float) -> None:
         """Write the start-up lines due by ``t1`` and the readiness probe failures."""
@@ -180,7 +242,8 @@ class Fleet:
         args = sim.template.arg_map()
         phys = physics(self.scenario, args)
         sim.engine = Engine(phys, args["max-num-seqs"], args["max-num-batched-tokens"])
-        sim.state = State.SERVING
+        sim.state, sim.ready, sim.ready_fails, sim.live_fails = State.SERVING, True, 0, 0
+        sim.probe_at = sim.ready_at + self.scenario.pods.readiness.period_s
 
     def crash(self, sim: SimPod, t: float) -> None:
         """Record the container's death at ``t``; it waits out the restart back-off."""

@@ -30,8 +30,10 @@ class ModelSpec(_Strict):
     Defaults are Llama-3.1-8B-Instruct
     (https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json): 32 layers, 8 KV
     heads, head dim 128, vocab 128,256, bf16; weights 14.99 GiB as vLLM logs them ("Model
-    loading took 14.9889 GiB"); ``load_s`` seconds from container start to Ready (the
-    bundled recording's vLLM 0.10 start-up: 43 s).
+    loading took 14.9889 GiB"); ``load_s``: the range (seconds, uniform) from container start
+    to Ready, drawn per start (the bundled recording's vLLM 0.10 start-up: 43 s; weights from a
+    warm page cache plus torch.compile and CUDA graph capture take 1-4 min for larger models,
+    https://github.com/vllm-project/vllm/issues/19824).
     """
 
     name: str = "meta-llama/Llama-3.1-8B-Instruct"
@@ -41,7 +43,13 @@ class ModelSpec(_Strict):
     dtype_bytes: int = Field(2, gt=0)
     vocab: int = Field(128_256, gt=0)
     weights_gib: float = Field(14.99, gt=0)
-    load_s: float = Field(45.0, gt=0)
+    load_s: tuple[float, float] = (40.0, 75.0)
+
+    @model_validator(mode="after")
+    def _load_range(self) -> ModelSpec:
+        if not 0 < self.load_s[0] <= self.load_s[1]:
+            raise ValueError("load_s must be (min, max) with 0 < min <= max")
+        return self
 
 
 class GpuSpec(_Strict):
@@ -57,28 +65,68 @@ class GpuSpec(_Strict):
 
 
 class EngineSpec(_Strict):
-    """vLLM's ceilings and the speeds of one replica.
+    """The engine's kind, ceilings, speed and memory (``detector.sim.engine`` uses them).
 
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
-    ``gpu_memory_utilization``: https://docs.vllm.ai/en/latest/configuration/engine_args.html.
-    ``decode_tokens_per_s``: tokens each running sequence gains per second;
-    ``prefill_tokens_per_s``: prompt tokens the replica prefills per second (chunked by
-    ``max_num_batched_tokens``); ``activation_bytes_per_token``: activation peak per batched
-    token of a step; ``non_torch_gib``: CUDA context, NCCL and cuBLAS workspaces;
-    ``logprobs_copies``: fp32-sized ``[tokens, vocab]`` tensors a prompt-logprobs prefill
-    holds: logits and log-softmax (fp32), the top-k sort's values (fp32) and indices (int64,
-    two) = 5.
+    ``kind``: ``vllm`` (V1: paged KV pool, admission by blocks, preemption) or ``unpaged`` (a
+    server without paged attention: batch x length is the memory). Ceilings:
+    https://docs.vllm.ai/en/latest/configuration/engine_args.html. Speed: an iteration takes
+    ``iteration_base_s + iteration_per_seq_s x running + prefill tokens /
+    prefill_tokens_per_s`` (Llama-3.1-8B on an H100: ~10 ms at batch 1, ~35 ms at 256).
+    Memory: ``activation_bytes_per_token`` of a batched token (profiled); ``non_torch_gib``
+    (CUDA context, NCCL, cuBLAS); ``cuda_graph_gib`` captured after the KV pool is sized, so
+    out of the headroom (vLLM: "memory_profiling does not consider CUDAGraph memory size");
+    ``co_tenant_gib``: another process on the GPU; ``logprobs_bytes_per_entry``: bytes per
+    ``[row, vocab]`` entry of a logprobs computation the profile never ran (bf16 logits 2 +
+    fp32 ``log_softmax`` 4, vllm PR #52054); ``long_context_bytes_per_token``: the stand-in of
+    ``engine``'s docstring, at most what lets a full pool of context fit the headroom at
+    utilization 0.9 (vLLM runs full every day) and at least what makes three 10.5k-token
+    requests pass the headroom at 0.99 (vllm#13100).
     """
 
+    kind: Literal["vllm", "unpaged"] = "vllm"
     max_num_seqs: int = Field(256, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_model_len: int = Field(32_768, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    decode_tokens_per_s: float = Field(40.0, gt=0)
+    block_size: int = Field(16, gt=0)
+    iteration_base_s: float = Field(0.010, gt=0)
+    iteration_per_seq_s: float = Field(0.0001, ge=0)
     prefill_tokens_per_s: float = Field(15_000.0, gt=0)
     activation_bytes_per_token: int = Field(160 * 1024, ge=0)
     non_torch_gib: float = Field(0.79, ge=0)
-    logprobs_copies: int = Field(5, ge=1)
+    cuda_graph_gib: float = Field(0.5, ge=0)
+    co_tenant_gib: float = Field(0.0, ge=0)
+    logprobs_bytes_per_entry: int = Field(6, ge=0)
+    long_context_bytes_per_token: float = Field(6144.0, ge=0)
+
+
+class ProbeSpec(_Strict):
+    """One kubelet probe on ``/health``; Kubernetes' defaults
+    (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#Probe)."""
+
+    period_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    failure_threshold: int = Field(3, ge=1)
+
+
+class PodSpec(_Strict):
+    """The pods' probes, the server's ``/health`` latency and restarts that fail.
+
+    ``/health`` answers in ``health_base_s + health_per_request_s x requests in the server``:
+    vLLM's API server answers probes on the event loop that also tokenizes, detokenizes and
+    streams every request. A probe slower than its timeout fails; ``failure_threshold``
+    failures in a row take the pod out of the endpoints (readiness) or restart its container
+    (liveness). ``liveness``: None when the pods have none. ``restart_fail_share``: the share of
+    container restarts after a crash that find the dead engine's GPU memory not yet freed and
+    fail at start ("Free memory on device ... is less than desired GPU memory utilization";
+    vllm#42017).
+    """
+
+    readiness: ProbeSpec = ProbeSpec()
+    liveness: ProbeSpec | None = None
+    health_base_s: float = Field(0.005, ge=0)
+    health_per_request_s: float = Field(0.0, ge=0)
+    restart_fail_share: float = Field(0.0, ge=0, le=1)
 
 
 class BalancerSpec(_Strict):
@@ -86,19 +134,25 @@ class BalancerSpec(_Strict):
 
     ``upstream_timeout_s``: ``proxy-read-timeout`` (default 60 s,
     https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/configmap/);
-    ``endpoint_lag_s``: how long a dead pod stays in the balancer's endpoints.
+    ``endpoint_lag_s``: how long a dead pod stays in the balancer's endpoints;
+    ``gateway_replicas``: controller replicas behind the cloud load balancer, arrivals spread
+    evenly, each enforcing the gateway limit in its own ``limit_req`` zone (an nginx zone is
+    per process: N replicas let N times the limit through).
     """
 
     policy: Literal["round_robin", "least_connections"] = "round_robin"
+    gateway_replicas: int = Field(1, ge=1, le=16)
     upstream_timeout_s: float = Field(60.0, gt=0)
     endpoint_lag_s: float = Field(2.0, ge=0)
     host: str = "llm.example.com"
 
 
 class PromptClass(_Strict):
-    """One class of requests in the mix: lognormal prompt length, exponential output length."""
+    """One class of requests in the mix: lognormal prompt length, exponential output length;
+    ``logprobs_share`` of them ask for sampled ``logprobs`` (evaluation, guardrail scoring)."""
 
     weight: float = Field(1.0, gt=0)
+    logprobs_share: float = Field(0.0, ge=0, le=1)
     prompt_median: int = Field(600, gt=0)
     prompt_sigma: float = Field(0.8, ge=0)
     prompt_max: int = Field(16_000, gt=0)
@@ -127,13 +181,15 @@ class Burst(_Strict):
 
 
 class OneOff(_Strict):
-    """A single request at ``at_s``; ``prompt_logprobs`` asks for logits of every prompt token."""
+    """A request at ``at_s``, and every ``every_s`` until ``until_s`` when given;
+    ``prompt_logprobs`` asks for the logprobs of every prompt token (lm-eval's loglikelihood)."""
 
     at_s: float = Field(ge=0)
     prompt_tokens: int = Field(gt=0)
     output_tokens: int = Field(1, gt=0)
     prompt_logprobs: bool = False
-    attempts: int = Field(1, ge=1)
+    every_s: float | None = Field(None, gt=0)
+    until_s: float | None = None
 
 
 class TrafficSpec(_Strict):
@@ -146,10 +202,18 @@ class TrafficSpec(_Strict):
 
 
 class ClientSpec(_Strict):
-    """Clients retry a 5xx with back-off ``backoff_s x 2^k`` (jitter 0.5-1), ``max_attempts``."""
+    """Clients as the OpenAI Python SDK behaves (``_constants.py``, ``_base_client.py``,
+    https://github.com/openai/openai-python): ``max_retries`` 2 (3 attempts); 408, 409, 429,
+    5xx, timeouts and connection errors are retried after ``min(0.5 x 2^n, 8) s x U(0.75, 1)``;
+    a request times out after ``timeout_s`` (600); ``stream_share`` of requests stream, and a
+    stream cut after its 200 is not retried (the SDK reads the body outside its retry loop).
+    """
 
-    max_attempts: int = Field(3, ge=1)
-    backoff_s: float = Field(1.0, ge=0)
+    max_retries: int = Field(2, ge=0)
+    initial_retry_delay_s: float = Field(0.5, ge=0)
+    max_retry_delay_s: float = Field(8.0, ge=0)
+    timeout_s: float = Field(600.0, gt=0)
+    stream_share: float = Field(0.0, ge=0, le=1)
 
 
 class Fault(_Strict):
@@ -177,6 +241,7 @@ class Scenario(_Strict):
     balancer: BalancerSpec = BalancerSpec()
     traffic: TrafficSpec = TrafficSpec()
     clients: ClientSpec = ClientSpec()
+    pods: PodSpec = PodSpec()
     faults: list[Fault] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -1,102 +1,154 @@
-"""Requests into the endpoint: arrivals, clients that retry, the gateway limit, the balancer.
+"""Requests into the endpoint: arrivals, clients that retry as SDKs do, the gateway, the balancer.
 
 Arrivals are Poisson (``recorder.arrivals``) at the scenario's steady rate (linear between its
 knots) plus its bursts, with prompt lengths from a heavy-tailed mix (lognormal per class,
 https://arxiv.org/abs/2309.06180 fig. 11 shows the long tails of real prompt lengths), plus
-one-off requests. A client whose request fails (5xx or 429) retries after
-``backoff_s x 2^k x U(0.5, 1)`` up to ``max_attempts`` in all, as the OpenAI and httpx retry
-clients do; each retry is a new request. The gateway limit is nginx's aggregate ``limit_req``
-and ``limit_conn`` (``Gateway``), answering 429 above either. The balancer picks a
-Ready endpoint round robin (ingress-nginx's default) or by fewest requests in flight.
+one-off requests. They are drawn from their own seeded generator that nothing else touches, so
+every containment mode of one seed sees the same clients at the same moments.
+
+A client is one request as a person or program sends it, with the OpenAI Python SDK's retries
+(``ClientSpec``): 408, 409, 429 and 5xx are retried after ``min(0.5 x 2^n, 8) s x U(0.75, 1)``
+up to ``max_retries`` times; 400 and 413 are final; a stream cut after its 200 is final. The
+retry jitter has its own generator. The gateway is nginx's ``limit_req`` and ``limit_conn``
+(``Gateway``), one per gateway replica; the balancer picks a Ready endpoint round robin
+(ingress-nginx's default) or by fewest requests in flight.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from detector.lab import recorder as r
 from detector.lab import recorder_traffic as tr
-from detector.sim.scenario import Burst, PromptClass, Scenario
+from detector.sim.scenario import Burst, OneOff, PromptClass, Scenario
+
+FINAL = frozenset({400, 413})  # refused for what the request is: never retried
+GATEWAY_REFUSALS = frozenset({400, 413, 429})  # answered by the gateway itself: shed
+
+
+def retryable(status: int) -> bool:
+    """Return whether the OpenAI SDK retries an answer (``_should_retry``): 408, 409, 429, 5xx."""
+    return status in (408, 409, 429) or status >= 500
 
 
 @dataclass(slots=True)
 class Client:
-    """One client request and its retries: who sends it, its tokens, attempts made."""
+    """One client request and its attempts: who sends it, its tokens and options, its end.
 
+    ``first_at``: when its first attempt arrived; ``final``: the status of its last attempt
+    once it has one (None while it is in flight or waits to retry); ``streamed``: its last
+    attempt was a stream cut after the 200.
+    """
+
+    cid: int
     who: tuple[str, str]
     prompt: int
     output: int
-    logprobs: bool
-    max_attempts: int
+    logprobs: bool = False
+    prompt_logprobs: bool = False
+    stream: bool = False
+    max_retries: int = 2
+    first_at: float = 0.0
     attempt: int = 0
+    final: int | None = None
+    done_at: float | None = None
 
 
 @dataclass(slots=True)
 class Arrivals:
-    """The arrivals of a scenario, drawn from their own seeded generator."""
+    """The arrivals of a scenario (module docstring); ``rng`` draws them, ``retry_rng`` jitter."""
 
     scenario: Scenario
     rng: random.Random
+    retry_rng: random.Random
     retries: list[tuple[float, int, Client]] = field(default_factory=list)
-    _seq: int = 0
+    clients: list[Client] = field(default_factory=list)
+    _ids: Iterator[int] = field(default_factory=itertools.count)
 
     def between(self, t0: float, t1: float) -> list[tuple[float, Client]]:
-        """Return the requests (new and retried) arriving in ``[t0, t1)``, in time order."""
+        """Return the attempts (new and retried) arriving in ``[t0, t1)``, in time order."""
         sc, rng = self.scenario, self.rng
         knots = sc.traffic.rps
+        mix = sc.traffic.mix
         out = [
-            (t, self._client(rng.choices(sc.traffic.mix, [c.weight for c in sc.traffic.mix])[0]))
+            (t, self._client(t, rng.choices(mix, [c.weight for c in mix])[0]))
             for t in r.arrivals(rng, t0, t1, lambda t: r.interp(knots, t))
             if r.interp(knots, t) > 0.01
         ]
         for burst in sc.traffic.bursts:
             lo, hi = max(t0, burst.start_s), min(t1, burst.end_s)
-            if lo >= hi:
-                continue
-            for t in r.arrivals(rng, lo, hi, _rate(burst)):
-                prompt = rng.randint(*burst.prompt_tokens)
-                out.append((t, self._new(prompt, rng.randint(*burst.output_tokens), False, None)))
+            if lo < hi:
+                for t in r.arrivals(rng, lo, hi, _rate(burst)):
+                    prompt = rng.randint(*burst.prompt_tokens)
+                    out.append((t, self._new(t, prompt, rng.randint(*burst.output_tokens))))
         for one in sc.traffic.requests:
-            if t0 <= one.at_s < t1:
-                client = self._new(
-                    one.prompt_tokens, one.output_tokens, one.prompt_logprobs, one.attempts
-                )
-                out.append((one.at_s, client))
+            for t in _times(one, t0, t1):
+                out.append((t, self._new(t, one.prompt_tokens, one.output_tokens, one)))
         while self.retries and self.retries[0][0] < t1:
             t, _, client = heapq.heappop(self.retries)
             out.append((t, client))
         out.sort(key=lambda item: item[0])
         return out
 
-    def _client(self, mix: PromptClass) -> Client:
+    def _client(self, t: float, mix: PromptClass) -> Client:
         rng = self.rng
         prompt = mix.prompt_median * math.exp(mix.prompt_sigma * rng.gauss(0.0, 1.0))
         output = rng.expovariate(1.0 / mix.output_mean)
-        return self._new(
-            int(min(mix.prompt_max, max(16, prompt))),
-            int(min(mix.output_max, max(1, output))),
-            False,
-            None,
+        client = self._new(
+            t, int(min(mix.prompt_max, max(16, prompt))), int(min(mix.output_max, max(1, output)))
         )
+        client.logprobs = rng.random() < mix.logprobs_share
+        return client
 
-    def _new(self, prompt: int, output: int, logprobs: bool, attempts: int | None) -> Client:
-        rng = self.rng
+    def _new(self, t: float, prompt: int, output: int, one: OneOff | None = None) -> Client:
+        rng, spec = self.rng, self.scenario.clients
         who = (f"203.0.113.{rng.randrange(2, 250)}", rng.choice(tr.AGENTS))
-        most = attempts if attempts is not None else self.scenario.clients.max_attempts
-        return Client(who, prompt, output, logprobs, most)
+        client = Client(
+            next(self._ids),
+            who,
+            prompt,
+            output,
+            prompt_logprobs=one is not None and one.prompt_logprobs,
+            stream=rng.random() < spec.stream_share,
+            max_retries=spec.max_retries,
+            first_at=t,
+        )
+        self.clients.append(client)
+        return client
 
-    def failed(self, t: float, client: Client) -> None:
-        """Schedule the client's retry after a failure at ``t``, if it has attempts left."""
-        if client.attempt >= client.max_attempts:
+    def answered(self, t: float, client: Client, status: int, *, cut: bool = False) -> None:
+        """Take the answer to the client's attempt at ``t``: retry it, or make it final.
+
+        ``cut``: a stream that broke after its 200 (failed, and never retried).
+        """
+        if not cut and status != 200 and retryable(status) and client.attempt <= client.max_retries:
+            spec = self.scenario.clients
+            delay = min(spec.initial_retry_delay_s * 2 ** (client.attempt - 1),
+                        spec.max_retry_delay_s)  # fmt: skip
+            wait = delay * (1 - 0.25 * self.retry_rng.random())
+            heapq.heappush(self.retries, (t + wait, client.cid, client))
             return
-        wait = self.scenario.clients.backoff_s * 2 ** (client.attempt - 1)
-        self._seq += 1
-        heapq.heappush(self.retries, (t + wait * self.rng.uniform(0.5, 1.0), self._seq, client))
+        client.final = 599 if cut else status
+        client.done_at = t
+
+
+def _times(one: OneOff, t0: float, t1: float) -> list[float]:
+    """Return the moments of a one-off request (and its repeats) in ``[t0, t1)``."""
+    if one.every_s is None:
+        return [one.at_s] if t0 <= one.at_s < t1 else []
+    until = one.until_s if one.until_s is not None else math.inf
+    k = max(0, math.ceil((t0 - one.at_s) / one.every_s - 1e-9))
+    out: list[float] = []
+    while (t := one.at_s + k * one.every_s) < min(t1, until):
+        out.append(t)
+        k += 1
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +171,20 @@ class Gateway:
     D seconds gets at most 1 + burst + floor(rps x D) through
     (https://nginx.org/en/docs/http/ngx_http_limit_req_module.html). ``limit_conn``: a request
     passes while fewer than ``connections`` are in progress
-    (https://nginx.org/en/docs/http/ngx_http_limit_conn_module.html).
+    (https://nginx.org/en/docs/http/ngx_http_limit_conn_module.html). One ``Gateway`` is one
+    nginx: its zone is its own.
     """
 
     limit: GatewayLimit | None = None
     excess: float = 0.0
     last: float | None = None  # None: the key has no state yet (its first request is free)
+    in_progress: int = 0
 
     def set(self, limit: GatewayLimit | None, t: float) -> None:
         """Set (or lift, with None) the limit at ``t``; the key starts with no state."""
         self.limit, self.excess, self.last = limit, 0.0, None
 
-    def allow(self, t: float, in_progress: int = 0) -> bool:
+    def allow(self, t: float) -> bool:
         """Return whether a request at ``t`` passes, False for a 429 (a 429 changes nothing).
 
         nginx's ``ngx_http_limit_req_lookup``: excess = previous excess - rate x elapsed + 1,
@@ -139,7 +193,7 @@ class Gateway:
         limit = self.limit
         if limit is None:
             return True
-        if limit.connections is not None and in_progress >= limit.connections:
+        if limit.connections is not None and self.in_progress >= limit.connections:
             return False
         if self.last is not None:
             excess = max(0.0, self.excess - (t - self.last) * limit.rps + 1.0)
