@@ -2,9 +2,9 @@
 
 The model of an LLM serving endpoint (``detector.sim``) writes the four streams, the real
 detector reads them and contains through its real actuators against a local Kubernetes API
-stand-in, and the outcome is printed: pods lost, failed (5xx) and shed (429) requests, time
-to detect, to contain and to recover. Exit codes: 0 done; 2 error (unknown scenario, bad
-settings), said in one line on stderr.
+stand-in, and the outcome is printed per client request (a request and its retries): failed,
+shed, goodput and latency; then pods lost, time to detect, to contain and to recover. Exit
+codes: 0 done; 2 error (unknown scenario, bad settings), said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -80,23 +80,40 @@ def outcome_text(o: SimOutcome) -> str:
     def since(value: float | None, never: str) -> str:
         return never if value is None else f"{value:.0f} s after the first GPU OOM"
 
+    def share(n: int) -> str:
+        return f"{n:,} ({100 * n / max(1, o.client_requests):.1f}%)"
+
+    def secs(value: float | None) -> str:
+        return "-" if value is None else f"{value:g} s"
+
     victims = f": {', '.join(o.victims)}" if o.victims else ""
+    causes = f" ({', '.join(sorted(set(o.oom_causes)))})" if o.oom_causes else ""
     rows = [
         ("scenario", f"{o.scenario} (seed {o.seed}), containment {o.containment}"),
-        ("pods lost to GPU OOM", f"{o.pods_lost} of {o.pods_total}{victims}"),
-        ("requests (retries too)", f"{o.requests:,}"),
-        ("failed (5xx)", f"{o.failed_requests:,}"),
-        ("shed (429)", f"{o.shed_requests:,}"),
+        (
+            "client requests",
+            f"{o.client_requests:,} ({o.client_unfinished:,} unfinished at the end)",
+        ),
+        ("failed in the end", share(o.client_failed) + ", shed ones included"),
+        ("shed at the gateway", share(o.shed_requests)),
+        ("goodput", f"{o.goodput_tokens_per_s:,.0f} output tokens/s"),
+        ("latency p50 / p99", f"{secs(o.latency_p50_s)} / {secs(o.latency_p99_s)}"),
+        (
+            "attempts (retries too)",
+            f"{o.attempts:,}: {o.attempts_5xx:,} 5xx, {o.attempts_429:,} 429",
+        ),
+        ("pods lost to GPU OOM", f"{o.pods_lost} of {o.pods_total}{victims}{causes}"),
+        ("other deaths, preemptions", f"{o.non_oom_deaths}, {o.preemptions:,}"),
         ("cascading", since(o.detect_s, "never")),
         ("first containment action", since(o.contain_s, "none")),
         (
             "every pod serving again",
             since(o.recover_s, "-" if o.pods_lost == 0 else "not by the end"),
         ),
-        ("incident", f"{o.incident} ({o.stage})" if o.incident else "none"),
+        ("incidents", f"{o.incidents}: {o.incident} ({o.stage})" if o.incident else "none"),
         ("verdict", o.verdict or "none"),
         ("actions", "; ".join(o.actions) or "none"),
-        ("still in force at the end", "; ".join(o.in_force) or "nothing"),
+        ("still in force at the end", "; ".join(o.left_in_force) or "nothing"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

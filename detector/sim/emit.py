@@ -80,11 +80,11 @@ def startup_lines(
     return out
 
 
-def _python_service(
-    rec: Recorder, t0: float, steps: list[tuple[float, str, str]]
-) -> list[w.Line]:
+def _python_service(rec: Recorder, t0: float, steps: list[tuple[float, str, str]]) -> list[w.Line]:
     """Return Python logging lines, then uvicorn's start-up (``wordings``' shape)."""
-    out = [(dt, "stderr", w.pylog(rec.start + t0 + dt, "INFO", name, msg)) for dt, name, msg in steps]
+    out = [
+        (dt, "stderr", w.pylog(rec.start + t0 + dt, "INFO", name, msg)) for dt, name, msg in steps
+    ]
     last = steps[-1][0] + 0.3
     up = ("Started server process [1]", "Application startup complete.",
           "Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)")  # fmt: skip

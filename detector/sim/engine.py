@@ -328,25 +328,16 @@ class Engine:
         per_iteration = max(1.0, iterations)
         if phys.paged:
             free = phys.headroom_bytes
+            row = phys.vocab * phys.logprobs_bytes_per_entry
+            chunk_rows = [min(t / per_iteration, room) for s, t in chunks if s.prompt_logprobs]
             extra = [
-                (
-                    "prompt_logprobs",
-                    max(
-                        (min(take / per_iteration, room) * phys.vocab * phys.logprobs_bytes_per_entry
-                         for s, take in chunks if s.prompt_logprobs),
-                        default=0.0,
-                    ),
-                ),
-                (
-                    "sampler_logprobs",
-                    rows * phys.vocab * phys.logprobs_bytes_per_entry
-                    if any(s.logprobs for s in self.running) else 0.0,
-                ),
+                ("prompt_logprobs", max(chunk_rows, default=0.0) * row),
+                ("sampler_logprobs", rows * row if any(s.logprobs for s in self.running) else 0.0),
                 (
                     "long_context",
                     sum(s.computed for s in self.running) * phys.long_context_bytes_per_token,
                 ),
-            ]  # fmt: skip
+            ]
             self.in_use_bytes = int(phys.capacity_bytes - free + sum(b for _, b in extra))
             cause, tried = max(extra, key=lambda item: item[1])
             if sum(b for _, b in extra) > free:
@@ -388,4 +379,3 @@ class Engine:
                 finished.append((seq, left / iterations if iterations else 1.0))
                 self.running.remove(seq)
         return StepResult(finished, None, first)
-

@@ -367,7 +367,9 @@ class Endpoint:
         result = sim.engine.step(t1 - t0)
         if result.oom is not None:
             t = t0 + (t1 - t0) * self.rng.uniform(0.2, 0.9)
-            emit.oom_death(self.recorder, sim.pod, t, sim.engine_tag, result.oom, sim.engine.phys.paged)
+            emit.oom_death(
+                self.recorder, sim.pod, t, sim.engine_tag, result.oom, sim.engine.phys.paged
+            )
             self._count_oom(sim, t, result.oom.cause)
             self._count_preemptions(sim)
             self._fail_inside(sim, t + 0.02)

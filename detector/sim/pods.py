@@ -136,7 +136,9 @@ class Fleet:
         self._ips += 1
         ip = f"10.0.{1 + slot // 2}.{20 + self._ips}"
         owner = f"{sc.workload}-{tpl.hash}"
-        pod = self.rec.pod(sc.namespace, owner, self._node(slot), ip, "vllm", IMAGES[sc.engine.kind])
+        pod = self.rec.pod(
+            sc.namespace, owner, self._node(slot), ip, "vllm", IMAGES[sc.engine.kind]
+        )
         pod.port, pod.owner_uid, pod.gpu = 8000, tpl.rs_uid, self.gpus[slot]
         pod.starts = [t + CREATE_S]
         sim = SimPod(slot, pod, tpl, State.CREATING, t)

