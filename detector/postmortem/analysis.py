@@ -12,11 +12,14 @@ as Markdown, HTML or JSON. Definitions (the load balancer's 5 s buckets, ``bucke
   span: the correlation window before the first OOM, to its end); **peak 5xx rate**: the
   highest bucket's 5xx count / ``bucket_s``.
 - **time to recover**: first GPU OOM -> the first ``contained`` (else ``resolved``) stage.
-- **measured effect** of a step: the 5xx rate, the GPU OOMs and the highest pressure in the
-  ``window_s`` before its apply time (buckets that end by then) and after it (buckets that
-  start from then); the 5xx rate fell or rose when it changed by half or more and by at least
-  one response per bucket, else "no change in the 5xx rate", with whether a GPU OOM followed
-  (a step taken before the errors spread, such as a predictive gateway limit, shows there).
+- **measured effect** of a step: the requests not served (5xx + 429: a request the gateway
+  shed failed for the person who sent it, so a step that turns 5xx into 429 is no win), its 5xx
+  and 429 parts, the GPU OOMs and the highest pressure in the ``window_s`` before its apply
+  time (buckets that end by then) and after it (buckets that start from then); the rate of
+  requests not served fell or rose when it changed by half or more and by at least one
+  response per bucket, else "no change in the requests not served", with whether a GPU OOM
+  followed (a step taken before the errors spread, such as a predictive gateway limit, shows
+  there).
 """
 
 from __future__ import annotations
@@ -262,7 +265,8 @@ def _ooms(f: Frames) -> pd.Series:
 
 
 def measure(f: Frames, at: pd.Timestamp, th: Thresholds) -> dict[str, Any]:
-    """Return the 5xx rate, GPU OOMs and highest pressure in the window before/after ``at``."""
+    """Return the rates of requests not served (5xx, 429), GPU OOMs and highest pressure in
+    the window before/after ``at``; rates per second, shares of the window's requests."""
     w, b = th.window_s, f.bucket_s
     before_start, after_start = windows(at, w, b)
     before_end = before_start + pd.Timedelta(seconds=w)
@@ -271,10 +275,18 @@ def measure(f: Frames, at: pd.Timestamp, th: Thresholds) -> dict[str, Any]:
     p = f.pressure
     pb = p[(p["time"] >= before_start) & (p["time"] < before_end)]["value"]
     pa = p[(p["time"] >= after_start) & (p["time"] < after_end)]["value"]
+    rates: dict[str, float | None] = {}
+    for when, start in (("before", before_start), ("after", after_start)):
+        end = start + pd.Timedelta(seconds=w)
+        errors, shed = (_rate(f.lb, col, start, end, b) for col in (ERRORS_5XX, SHED_429))
+        requests = _rate(f.lb, REQUESTS, start, end, b)
+        rates[f"rate_5xx_{when}_per_s"] = num(errors)
+        rates[f"rate_429_{when}_per_s"] = num(shed)
+        rates[f"rate_unserved_{when}_per_s"] = num(errors + shed)
+        rates[f"unserved_share_{when}"] = num((errors + shed) / requests, 3) if requests else None
     return {
         "window_s": w,
-        "rate_5xx_before_per_s": num(_rate(f.lb, ERRORS_5XX, before_start, before_end, b)),
-        "rate_5xx_after_per_s": num(_rate(f.lb, ERRORS_5XX, after_start, after_end, b)),
+        **rates,
         "ooms_before": int(((ooms >= at - pd.Timedelta(seconds=w)) & (ooms < at)).sum()),
         "ooms_after": int(((ooms > at) & (ooms <= at + pd.Timedelta(seconds=w))).sum()),
         "max_pressure_before": num(pb.max(), 3) if len(pb) else None,
@@ -284,9 +296,11 @@ def measure(f: Frames, at: pd.Timestamp, th: Thresholds) -> dict[str, Any]:
 
 
 def _settled(f: Frames, start: pd.Timestamp, end: pd.Timestamp, at: pd.Timestamp) -> float:
-    """Return seconds from ``at`` to the end of the bucket from which the 5xx count stays at
-    or below the after-window's mean (the window's length when it never does)."""
-    rows = f.lb[(f.lb.index >= start) & (f.lb.index < end)][ERRORS_5XX]
+    """Return seconds from ``at`` to the end of the bucket from which the count not served
+    (5xx + 429) stays at or below the after-window's mean (the window's length when it never
+    does)."""
+    window = f.lb[(f.lb.index >= start) & (f.lb.index < end)]
+    rows = window[ERRORS_5XX] + window[SHED_429]
     if not len(rows):
         return num((end - at).total_seconds(), 1)
     above = rows > rows.mean()
@@ -296,27 +310,37 @@ def _settled(f: Frames, start: pd.Timestamp, end: pd.Timestamp, at: pd.Timestamp
 
 def effect_sentence(name: str, at: pd.Timestamp, m: Mapping[str, Any], dry_run: bool) -> str:
     """Say plainly what changed around ``at`` (the rule is in the module docstring)."""
-    a, z, w = m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"], m["window_s"]
+    a, z, w = m["rate_unserved_before_per_s"], m["rate_unserved_after_per_s"], m["window_s"]
     floor = 1.0 / 5.0  # one response per 5 s bucket
     when = hms(at)
+    parts = f"{_parts(m, 'before')} before, {_parts(m, 'after')} after"
     if z <= a / 2 and a - z >= floor:
-        trend = f"the 5xx rate fell from {a:.1f}/s to {z:.1f}/s within {m['settled_s']:.0f} s"
+        trend = (
+            f"requests not served fell from {a:.1f}/s to {z:.1f}/s within {m['settled_s']:.0f} s"
+        )
     elif z >= a * 1.5 and z - a >= floor:
-        trend = f"the 5xx rate rose from {a:.1f}/s to {z:.1f}/s"
+        trend = f"requests not served rose from {a:.1f}/s to {z:.1f}/s"
     else:
         trend = ""
-    ooms = f"GPU OOMs {m['ooms_before']} before, {m['ooms_after']} after (±{w:.0f} s)"
+    ooms = f"{parts}; GPU OOMs {m['ooms_before']} before, {m['ooms_after']} after (±{w:.0f} s)"
     if dry_run:
-        seen = trend or f"the 5xx rate went from {a:.1f}/s to {z:.1f}/s"
+        seen = trend or f"requests not served went from {a:.1f}/s to {z:.1f}/s"
         return (
             f"dry-run: {name} changed nothing at {when}, so what followed is not its effect "
             f"({seen}; {ooms})"
         )
     if not trend:
-        went = f"the 5xx rate went from {a:.1f}/s to {z:.1f}/s"
+        went = f"requests not served went from {a:.1f}/s to {z:.1f}/s"
         calm = f"; no GPU OOM followed within {w:.0f} s" if m["ooms_after"] == 0 else ""
-        return f"no change in the 5xx rate: after {name} at {when} {went}{calm} ({ooms})"
+        return f"no change in the requests not served: after {name} at {when} {went}{calm} ({ooms})"
     return f"after {name} at {when} {trend} ({ooms})"
+
+
+def _parts(m: Mapping[str, Any], when: str) -> str:
+    """Return ``5xx A/s + 429 B/s (C% of requests)`` of one window."""
+    share = m[f"unserved_share_{when}"]
+    of = f" ({share * 100:.0f}% of requests)" if share is not None else ""
+    return f"5xx {m[f'rate_5xx_{when}_per_s']:.1f}/s + 429 {m[f'rate_429_{when}_per_s']:.1f}/s{of}"
 
 
 GIB = 2**30

@@ -28,6 +28,7 @@ from typing import Any
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, Recorded
 from detector.sim.model import Endpoint, PodView
+from detector.sim.pods import IMAGES, from_flags, to_flags
 from detector.sim.scenario import Scenario
 from detector.sim.traffic import GatewayLimit
 
@@ -105,7 +106,8 @@ class SimCluster:
         path = request.path.removesuffix("/eviction")
         if path == self.deployment_path and request.method == "PATCH":
             stored = self.kube.get(path) or {}
-            args = engine_args(_container(stored).get("args") or [])
+            flags = engine_args(_container(stored).get("args") or [])
+            args = from_flags(self.scenario.engine.kind, flags)
             if args == self.endpoint.deployment_args():
                 return False
             self._generation += 1
@@ -156,10 +158,10 @@ class SimCluster:
     def _deployment(self, args: dict[str, int]) -> dict[str, Any]:
         s = self.scenario
         labels = {"app.kubernetes.io/name": s.workload}
-        flags = [f"--{name}={value}" for name, value in args.items()]
+        flags = _flags(s.engine.kind, args)
         container = {
             "name": CONTAINER,
-            "image": "docker.io/vllm/vllm-openai:v0.10.1.1",
+            "image": IMAGES[s.engine.kind],
             "args": ["--model", s.model.name, *flags],
         }
         strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -202,7 +204,7 @@ class SimCluster:
                 }
             ],
         }
-        flags = [f"--{name}={value}" for name, value in view.engine_args.items()]
+        flags = _flags(s.engine.kind, view.engine_args)
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -219,6 +221,11 @@ class SimCluster:
             },
             "status": status,
         }
+
+
+def _flags(kind: str, args: dict[str, int]) -> list[str]:
+    """Return the container's ``--flag=N`` args of an engine's ceilings."""
+    return [f"--{name}={value}" for name, value in to_flags(kind, args).items()]
 
 
 def _describe(limit: GatewayLimit | None) -> str:

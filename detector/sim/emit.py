@@ -17,6 +17,7 @@ from detector.lab import recorder_traffic as tr
 from detector.lab import recording_crashes as crashes
 from detector.lab import wordings as w
 from detector.lab.recorder import Pod, Recorder
+from detector.sim import emit_sglang
 from detector.sim.engine import GIB, Engine, Oom, Physics
 from detector.sim.scenario import Scenario
 
@@ -42,6 +43,9 @@ def startup_lines(
     paged attention logs its model load and uvicorn's start-up.
     """
     scale = max(0.1, (load_s - 2.0) / _STARTUP_SPAN_S)
+    if phys.kind == "sglang":
+        fraction = scenario.engine.mem_fraction_static
+        return emit_sglang.startup(rec, t0, args, phys, load_s, scenario.model.name, fraction)
     if not phys.paged:
         steps = [
             (0.0, "server.model", f"loading {scenario.model.name} on cuda:0 (bfloat16)"),
@@ -91,21 +95,31 @@ def _python_service(rec: Recorder, t0: float, steps: list[tuple[float, str, str]
     return out + [(last, "stderr", f"INFO:     {msg}") for msg in up]
 
 
-def oom_death(rec: Recorder, pod: Pod, t: float, engine_tag: str, oom: Oom, paged: bool) -> None:
-    """Log the engine's death by CUDA OOM: the traceback and ``torch.OutOfMemoryError``."""
+def oom_death(
+    rec: Recorder, pod: Pod, t: float, engine_tag: str, oom: Oom, kind: str, zombie: bool
+) -> None:
+    """Log the engine's death by CUDA OOM: the traceback and ``torch.OutOfMemoryError``.
+
+    ``zombie``: only the engine core's lines; the API server neither notices nor shuts down
+    (vllm#39863).
+    """
     free = max(2 * MIB, oom.capacity - oom.in_use)
     tried = max(oom.tried, free + 2 * MIB)
     numbers = w.OomNumbers(float(tried), float(oom.capacity), float(free), 0.41 * GIB)
-    if paged:
-        rec.lines(pod, t, w.vllm_oom_death(rec.start + t, engine_tag, numbers, []))
+    if kind == "sglang":
+        emit_sglang.oom_death(rec, pod, t, numbers)
+        return
+    if kind == "vllm":
+        lines = w.vllm_oom_death(rec.start + t, engine_tag, numbers, [])
+        rec.lines(pod, t, [line for line in lines if not zombie or w.API not in line[2]])
         return
     site = "/opt/conda/lib/python3.11/site-packages/transformers/generation/utils.py"
     table = (
         f"{site}|2215|generate|result = self._sample(\n"
         f"{site}|3206|_sample|outputs = self(**model_inputs, return_dict=True)"
     )
-    lines = ["Traceback (most recent call last):", *w.frames(table), numbers.message()]
-    rec.lines(pod, t, [(0.0, "stderr", text) for text in lines])
+    texts = ["Traceback (most recent call last):", *w.frames(table), numbers.message()]
+    rec.lines(pod, t, [(0.0, "stderr", text) for text in texts])
 
 
 def start_failed(rec: Recorder, pod: Pod, t: float, scenario: Scenario) -> None:
@@ -118,9 +132,9 @@ def start_failed(rec: Recorder, pod: Pod, t: float, scenario: Scenario) -> None:
     total, util = scenario.gpu.capacity_gib, scenario.engine.gpu_memory_utilization
     free = total * 0.12
     text = (
-        f"ValueError: Free memory on device ({free:.2f}/{total:.2f} GiB) on startup is less "
-        f"than desired GPU memory utilization ({util}, {total * util:.2f} GiB). Decrease GPU "
-        "memory utilization or reduce GPU memory used by other processes."
+        f"ValueError: Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup is "
+        f"less than desired GPU memory utilization ({util}, {total * util:.2f} GiB). Decrease "
+        "GPU memory utilization or reduce GPU memory used by other processes."
     )
     rec.log(pod, t, w.vllm_prefix(rec.start + t, "ERROR", "core.py:700", "") + text)
 

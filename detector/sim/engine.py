@@ -29,6 +29,19 @@ https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/v1/core/sched/scheduler.p
   fit in what the reservation leaves: ``total x (1 - utilization)`` less CUDA graphs and any
   other process on the GPU. More is ``torch.OutOfMemoryError`` and the engine dies.
 
+**SGLang** (``kind: sglang``), after ``python/sglang/srt/model_executor/model_runner.py`` and
+``managers/schedule_batch.py``/``schedule_policy.py``
+(https://github.com/sgl-project/sglang/tree/main/python/sglang/srt): the token pool is
+``total x mem_fraction_static - weights - non-torch`` ("KV Cache is allocated. #tokens: N");
+nothing is profiled, so every activation, the logits and CUDA graphs live in ``total x (1 -
+mem_fraction_static)``; a waiting request is admitted when its prompt plus
+``new_token_ratio`` x its output fits what the running requests' expected output leaves
+(``PrefillAdder``); the ratio starts at 0.7 and decays over 600 iterations to 0.098; when
+decode runs out of tokens it retracts the running request with the fewest output tokens (ties:
+the longest prompt) to the BACK of the queue, recomputed later, and re-estimates the ratio as
+(tokens decoded + 20 x requests) / their ``max_new_tokens`` ("Decode out of memory happened.
+#retracted_reqs: N, #new_token_ratio: a -> b", sgl-project/sglang#4184).
+
 **Without paged attention** (``kind: unpaged``: a plain PyTorch/transformers server, Triton
 dynamic batching): nothing reserves a pool; up to ``max_num_seqs`` requests run at once, each
 holding KV for every token it has, and batch x length is the memory: when weights, KV and the
@@ -58,7 +71,7 @@ FP32 = 4
 class Physics:
     """The constants of one engine, bytes and seconds (module docstring)."""
 
-    paged: bool
+    kind: str  # "vllm" | "sglang" | "unpaged"
     block_size: int
     kv_bytes_per_token: int
     weights_bytes: int
@@ -74,6 +87,11 @@ class Physics:
     iteration_base_s: float
     iteration_per_seq_s: float
     prefill_tokens_per_s: float
+
+    @property
+    def paged(self) -> bool:
+        """Return whether a KV pool is reserved (vLLM, SGLang)."""
+        return self.kind != "unpaged"
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -98,14 +116,18 @@ def physics(scenario: Scenario, args: dict[str, int]) -> Physics:
     non_torch = round(engine.non_torch_gib * GIB)
     batched, seqs = args["max-num-batched-tokens"], args["max-num-seqs"]
     peak = engine.activation_bytes_per_token * batched + min(seqs, batched) * model.vocab * FP32
-    requested = capacity * engine.gpu_memory_utilization
+    fraction = engine.gpu_memory_utilization
+    if engine.kind == "sglang":  # nothing profiled: the transients come out of the rest
+        fraction, peak = engine.mem_fraction_static, 0
+    requested = capacity * fraction
+    block = 1 if engine.kind == "sglang" else engine.block_size  # SGLang's page size 1
     pool_bytes = max(0, int(requested - weights - non_torch - peak))
-    pool_tokens = pool_bytes // kvb // engine.block_size * engine.block_size
+    pool_tokens = pool_bytes // kvb // block * block
     headroom = capacity - requested - (engine.cuda_graph_gib + engine.co_tenant_gib) * GIB
-    paged = engine.kind == "vllm"
+    paged = engine.kind != "unpaged"
     return Physics(
-        paged=paged,
-        block_size=engine.block_size,
+        kind=engine.kind,
+        block_size=block,
         kv_bytes_per_token=kvb,
         weights_bytes=weights,
         non_torch_bytes=non_torch,
@@ -152,6 +174,9 @@ class Sequence:
         return self.computed < self.target - 1e-9
 
 
+SG_INIT_RATIO, SG_MIN_RATIO, SG_DECAY_STEPS, SG_RETRACT_STEPS = 0.7, 0.098, 600, 20
+
+
 @dataclass(frozen=True, slots=True)
 class Oom:
     """A failed allocation: the bytes tried, the bytes in use, the capacity, and what it was."""
@@ -184,6 +209,9 @@ class Engine:
     generation_tokens: float = 0.0
     preemptions: int = 0  # vllm:num_preemptions_total
     in_use_bytes: int = 0
+    dead: bool = False  # a zombie: the core is gone, the API server still queues requests
+    new_token_ratio: float = SG_INIT_RATIO  # SGLang's admission estimate
+    retractions: list[tuple[int, float, float]] = field(default_factory=list)  # (n, old, new)
 
     @property
     def load(self) -> int:
@@ -229,11 +257,17 @@ class Engine:
 
     def step(self, dt: float) -> StepResult:
         """Advance ``dt`` seconds of engine iterations: schedule, check memory, progress."""
+        if self.dead:
+            self.waiting.extend(self.running)
+            self.running.clear()
+            return StepResult([], None)
         phys = self.phys
         decoding = sum(1 for s in self.running if not s.prefilling)
         prefill_room = max(0, self.max_num_batched_tokens - decoding)
         iterations, prefill_cap = self._iterations(dt, decoding, prefill_room)
-        if phys.paged:
+        if phys.kind == "sglang":
+            self._schedule_sglang(iterations, prefill_cap)
+        elif phys.paged:
             preempted = self._schedule_running(iterations, prefill_cap)
             if not preempted:
                 self._admit(prefill_cap)
@@ -303,6 +337,59 @@ class Engine:
             self.running.append(seq)
             budget -= chunk
 
+    def _schedule_sglang(self, iterations: float, prefill_cap: float) -> None:
+        """SGLang: grow the running requests, retracting on a shortage; admit by the reserve."""
+        budget, retracted = prefill_cap, 0
+        for seq in list(self.running):
+            if seq not in self.running:
+                continue  # retracted for an earlier one
+            grow = min(budget, seq.target - seq.computed) if seq.prefilling else 0.0
+            budget -= grow
+            if not seq.prefilling:
+                grow = min(iterations, seq.output - seq.generated)
+            need = self._blocks_for(seq.computed + grow) - seq.blocks
+            while need > self.free_blocks and len(self.running) > 1:
+                victim = min(self.running, key=lambda s: (s.generated, -s.prompt))
+                self.running.remove(victim)
+                victim.blocks, victim.computed = 0, 0.0
+                victim.preempted += 1
+                self.waiting.append(victim)
+                retracted += 1
+                if victim is seq:
+                    break
+            if seq in self.running:
+                seq.blocks += max(0, min(need, self.free_blocks))
+        if retracted:
+            self.preemptions += retracted
+            old = self.new_token_ratio
+            decoded = sum(s.generated for s in self.running)
+            planned = sum(s.output for s in self.running) or 1
+            self.new_token_ratio = min(
+                1.0, (decoded + SG_RETRACT_STEPS * len(self.running)) / planned
+            )
+            self.retractions.append((retracted, old, self.new_token_ratio))
+            return
+        self._admit_sglang(prefill_cap)
+        decay = (SG_INIT_RATIO - SG_MIN_RATIO) / SG_DECAY_STEPS * iterations
+        self.new_token_ratio = max(SG_MIN_RATIO, self.new_token_ratio - decay)
+
+    def _admit_sglang(self, prefill_cap: float) -> None:
+        """Admit while prompt + ratio x output fits what the running requests leave."""
+        ratio = self.new_token_ratio
+        left = self.free_blocks - sum((s.output - s.generated) * ratio for s in self.running)
+        budget = prefill_cap - sum(s.target - s.computed for s in self.running if s.prefilling)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cost = seq.target + (seq.output - seq.generated) * ratio
+            if cost > left:
+                break
+            self.waiting.popleft()
+            chunk = min(budget, seq.target)
+            seq.blocks = self._blocks_for(chunk)
+            self.running.append(seq)
+            budget -= chunk
+            left -= cost
+
     def _prefill_chunks(self, prefill_cap: float) -> list[tuple[Sequence, float]]:
         """Return the prompt tokens each prefilling request gets this step, first come first."""
         out: list[tuple[Sequence, float]] = []
@@ -338,6 +425,10 @@ class Engine:
                     sum(s.computed for s in self.running) * phys.long_context_bytes_per_token,
                 ),
             ]
+            if phys.kind == "sglang":  # nothing profiled: the step's own activations too
+                batched = min(self.max_num_batched_tokens, sum(t for _, t in chunks) + rows)
+                act = phys.activation_bytes_per_token * batched + rows * phys.vocab * FP32
+                extra.append(("activation", act))
             self.in_use_bytes = int(phys.capacity_bytes - free + sum(b for _, b in extra))
             cause, tried = max(extra, key=lambda item: item[1])
             if sum(b for _, b in extra) > free:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from detector.lab import recorder_traffic as tr
 from detector.lab.recorder import Recorder
-from detector.sim import emit
+from detector.sim import emit, emit_sglang
 from detector.sim.engine import Sequence
 from detector.sim.pods import Fleet, SimPod, State, Template
 from detector.sim.scenario import Scenario
@@ -367,14 +367,19 @@ class Endpoint:
         result = sim.engine.step(t1 - t0)
         if result.oom is not None:
             t = t0 + (t1 - t0) * self.rng.uniform(0.2, 0.9)
-            emit.oom_death(
-                self.recorder, sim.pod, t, sim.engine_tag, result.oom, sim.engine.phys.paged
-            )
+            zombie = self.fleet.rngs[sim.slot].random() < self.scenario.pods.zombie_share
+            kind = sim.engine.phys.kind
+            emit.oom_death(self.recorder, sim.pod, t, sim.engine_tag, result.oom, kind, zombie)
             self._count_oom(sim, t, result.oom.cause)
+            if zombie:  # requests inside wait for their timeouts; the pod stays Ready
+                sim.engine.dead = True
+                return
             self._count_preemptions(sim)
             self._fail_inside(sim, t + 0.02)
             self.fleet.crash(sim, t)
             return
+        if sim.engine.retractions:
+            emit_sglang.retractions(self.recorder, sim.pod, t1, sim.engine)
         for seq in result.first_tokens:
             info = self.inflight.get(seq.rid)
             if info is not None and info.client.stream:
@@ -444,15 +449,18 @@ class Endpoint:
         for t in _multiples(FB_EVERY_S, t0, t1):
             for sim in self.fleet.pods:
                 emit.framebuffer(rec, sim.pod, t, self._fb_bytes(sim, t))
-        paged = self.scenario.engine.kind == "vllm"
+        faces = {"vllm": emit, "sglang": emit_sglang}.get(self.scenario.engine.kind)
+        serving = [sim for sim in self.fleet.pods if sim.engine is not None]
+        if faces is None:  # the unpaged server exports no engine metrics
+            return
         for t in _multiples(GAUGES_EVERY_S, t0, t1):
-            for sim in self.fleet.pods:
-                if sim.engine is not None and paged:
-                    emit.gauges(rec, sim.pod, t, sim.engine, model)
+            for sim in serving:
+                assert sim.engine is not None
+                faces.gauges(rec, sim.pod, t, sim.engine, model)
         for t in _multiples(STATS_EVERY_S, t0, t1):
-            for sim in self.fleet.pods:
-                if sim.engine is not None and paged:
-                    emit.stats(rec, sim.pod, t, sim.engine, STATS_EVERY_S)
+            for sim in serving:
+                assert sim.engine is not None
+                faces.stats(rec, sim.pod, t, sim.engine, STATS_EVERY_S)
 
     def _fb_bytes(self, sim: SimPod, t: float) -> float:
         """Return the GPU framebuffer in use: the engine's, its reservation, or the weights."""

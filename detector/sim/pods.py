@@ -38,11 +38,35 @@ from detector.sim.scenario import Scenario
 
 IMAGES = {
     "vllm": "docker.io/vllm/vllm-openai:v0.10.1.1",
+    "sglang": "docker.io/lmsysorg/sglang:v0.4.6.post5-cu124",
     "unpaged": "docker.io/pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
 }
 BACKOFF_START_S = 10.0
 BACKOFF_CAP_S = 300.0
 BACKOFF_RESET_S = 600.0
+# The engine's own flag for each ceiling the model keys by vLLM's name (SGLang's server_args:
+# https://docs.sglang.ai/advanced_features/server_arguments.html).
+FLAGS = {
+    "sglang": {
+        "max-num-seqs": "max-running-requests",
+        "max-num-batched-tokens": "chunked-prefill-size",
+        "max-model-len": "context-length",
+    }
+}
+
+
+def to_flags(kind: str, args: dict[str, int]) -> dict[str, int]:
+    """Return ``args`` (vLLM's names) under the engine's own flag names."""
+    names = FLAGS.get(kind, {})
+    return {names.get(key, key): value for key, value in args.items()}
+
+
+def from_flags(kind: str, flags: dict[str, int]) -> dict[str, int]:
+    """Return an engine's flags under vLLM's names (flags it does not know stay as they are)."""
+    names = {flag: key for key, flag in FLAGS.get(kind, {}).items()}
+    return {names.get(key, key): value for key, value in flags.items()}
+
+
 CREATE_S = 0.6  # Scheduled -> Started
 PROBE_EVERY_S = 10.0
 BACKOFF_EVENT_EVERY_S = 15.0

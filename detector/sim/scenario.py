@@ -67,8 +67,11 @@ class GpuSpec(_Strict):
 class EngineSpec(_Strict):
     """The engine's kind, ceilings, speed and memory (``detector.sim.engine`` uses them).
 
-    ``kind``: ``vllm`` (V1: paged KV pool, admission by blocks, preemption) or ``unpaged`` (a
-    server without paged attention: batch x length is the memory). Ceilings:
+    ``kind``: ``vllm`` (V1: paged KV pool, admission by blocks, preemption), ``sglang`` (a token
+    pool of ``mem_fraction_static``, admission by ``new_token_ratio``, retraction) or
+    ``unpaged`` (a server without paged attention: batch x length is the memory); for SGLang
+    ``max_num_seqs`` is ``--max-running-requests`` and ``max_num_batched_tokens``
+    ``--chunked-prefill-size``. Ceilings:
     https://docs.vllm.ai/en/latest/configuration/engine_args.html. Speed: an iteration takes
     ``iteration_base_s + iteration_per_seq_s x running + prefill tokens /
     prefill_tokens_per_s`` (Llama-3.1-8B on an H100: ~10 ms at batch 1, ~35 ms at 256).
@@ -83,11 +86,12 @@ class EngineSpec(_Strict):
     requests pass the headroom at 0.99 (vllm#13100).
     """
 
-    kind: Literal["vllm", "unpaged"] = "vllm"
+    kind: Literal["vllm", "sglang", "unpaged"] = "vllm"
     max_num_seqs: int = Field(256, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_model_len: int = Field(32_768, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    mem_fraction_static: float = Field(0.88, gt=0, le=1)
     block_size: int = Field(16, gt=0)
     iteration_base_s: float = Field(0.010, gt=0)
     iteration_per_seq_s: float = Field(0.0001, ge=0)
@@ -119,7 +123,10 @@ class PodSpec(_Strict):
     (liveness). ``liveness``: None when the pods have none. ``restart_fail_share``: the share of
     container restarts after a crash that find the dead engine's GPU memory not yet freed and
     fail at start ("Free memory on device ... is less than desired GPU memory utilization";
-    vllm#42017).
+    vllm#42017). ``zombie_share``: the share of engine deaths after which the API server stays
+    up, answers ``/health`` 200 and queues requests that are never scheduled (vllm#39863;
+    before vLLM PR #21728 a dead EngineCore left ``/health`` at 200): the pod stays Ready,
+    every request it takes waits for a timeout, and nothing restarts it.
     """
 
     readiness: ProbeSpec = ProbeSpec()
@@ -127,6 +134,7 @@ class PodSpec(_Strict):
     health_base_s: float = Field(0.005, ge=0)
     health_per_request_s: float = Field(0.0, ge=0)
     restart_fail_share: float = Field(0.0, ge=0, le=1)
+    zombie_share: float = Field(0.0, ge=0, le=1)
 
 
 class BalancerSpec(_Strict):

@@ -112,8 +112,9 @@ def test_a_step_after_which_the_5xx_rate_falls_is_said_to_have_cut_it() -> None:
     m = step["measured"]
     assert (m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"]) == (4.0, 0.6)
     assert step["effect"].startswith(
-        "after step 1 (enable_rate_limit) at 09:02:00 the 5xx rate fell from 4.0/s to 0.6/s"
-        " within 5 s"
+        "after step 1 (enable_rate_limit) at 09:02:00 requests not served fell from 4.0/s to"
+        " 0.6/s within 5 s (5xx 4.0/s + 429 0.0/s (100% of requests) before, 5xx 0.6/s + 429"
+        " 0.0/s (15% of requests) after;"
     )
     assert step["approval"] == {"status": "approved", "by": "alice", "via": "web", "at": iso(119)}
 
@@ -127,9 +128,21 @@ def test_the_window_excludes_the_bucket_the_step_lands_in() -> None:
 
 def test_a_flat_5xx_rate_is_no_change_and_says_whether_an_oom_followed() -> None:
     (step,) = build([(t, 20, 10, 0) for t in range(0, 240, 5)])["steps"]
-    assert step["effect"].startswith("no change in the 5xx rate: after step 1")
+    assert step["effect"].startswith("no change in the requests not served: after step 1")
     assert "2.0/s to 2.0/s" in step["effect"]
-    assert "; no GPU OOM followed within 60 s (GPU OOMs 1 before, 0 after" in step["effect"]
+    assert "; no GPU OOM followed within 60 s (5xx 2.0/s + 429 0.0/s" in step["effect"]
+    assert "; GPU OOMs 1 before, 0 after" in step["effect"]
+
+
+def test_a_step_that_turns_5xx_into_429_is_no_win() -> None:
+    """A shed request failed for its sender: 5xx falling while 429 rises is no change."""
+    swap = [(t, 20, 20 if t < 120 else 2, 0 if t < 120 else 18) for t in range(0, 240, 5)]
+    (step,) = build(swap)["steps"]
+    m = step["measured"]
+    assert (m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"]) == (4.0, 0.4)
+    assert (m["rate_unserved_before_per_s"], m["rate_unserved_after_per_s"]) == (4.0, 4.0)
+    assert (m["unserved_share_before"], m["unserved_share_after"]) == (1.0, 1.0)
+    assert step["effect"].startswith("no change in the requests not served: after step 1")
 
 
 def test_a_dry_run_step_says_it_changed_nothing_even_when_the_rate_fell() -> None:

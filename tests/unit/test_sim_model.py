@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from detector.errors import ConfigError
+from detector.events.engine_lines import parse_engine_line
 from detector.lab.recorder import Recorder
+from detector.sim import emit_sglang
 from detector.sim.engine import Engine, Sequence, physics
 from detector.sim.model import Endpoint
 from detector.sim.pods import BACKOFF_RESET_S, next_backoff
@@ -98,6 +100,58 @@ def test_a_preempted_request_goes_back_to_the_front_with_nothing_computed() -> N
     engine._preempt(engine.running.pop())
     assert [s.rid for s in engine.waiting] == [2, 3]
     assert engine.waiting[0].computed == 0 and engine.waiting[0].blocks == 0
+
+
+def test_sglang_retracts_the_request_with_the_fewest_output_tokens_to_the_back() -> None:
+    """SGLang's ``retract_decode``: fewest output tokens first, ties the longest prompt."""
+    engine = _engine(_quiet(engine={"kind": "sglang"}))
+    pool = engine.phys.kv_pool_tokens
+    assert engine.phys.block_size == 1 and pool > 400_000
+    each = pool // 10 - 5  # ten decoding requests that fill the pool but for 50 tokens
+    prompts = [each - 20 - k for k in range(10)]
+    engine.running = [
+        Sequence(k, prompts[k], 5000, generated=20 + k % 3, computed=each, blocks=each)
+        for k in range(10)
+    ]
+    engine.waiting.append(Sequence(99, 100, 10))
+    assert engine.step(0.5).oom is None
+    assert sum(s.blocks for s in engine.running) <= pool
+    retracted = [s.rid for s in engine.waiting if s.preempted]
+    assert retracted and engine.waiting[-1].preempted  # to the back of the queue
+    assert retracted[0] == 0  # fewest output tokens (20), then the longest prompt
+    n, old, new = engine.retractions[0]
+    assert n == len(retracted) and old == pytest.approx(0.7) and 0 < new <= 1
+    lines: list[str] = []
+    rec = Recorder("x", START)
+    pod = rec.pod("llm", "sg-abc", "node-1", "10.0.0.9", "sglang", "img")
+    emit_sglang.retractions(rec, pod, 1.0, engine)
+    lines = [json.loads(t)["log"] for _, _, t in rec.files["container-logs.jsonl"]]
+    parsed = [parse_engine_line(line) for line in lines]
+    assert parsed and all(p is not None and p[1]["engine"] == "sglang" for p in parsed)
+
+
+def test_sglang_admits_by_its_token_ratio_not_just_the_free_pool() -> None:
+    engine = _engine(_quiet(engine={"kind": "sglang"}))
+    free = engine.free_blocks
+    engine.running = [Sequence(0, 100, 10_000, computed=100, generated=1, blocks=101)]
+    reserve = (10_000 - 1) * engine.new_token_ratio
+    engine.waiting.append(Sequence(1, prompt=int(free - reserve) + 10, output=1))
+    engine.step(0.5)
+    assert [s.rid for s in engine.waiting] == [1]  # it fits the pool but not the reserve
+
+
+def test_an_sglang_pod_logs_what_the_detector_reads() -> None:
+    scenario = _quiet(engine={"kind": "sglang"})
+    ep = Endpoint(scenario, start=START)
+    ep.advance(120)
+    lines = [json.loads(t)["log"] for _, _, t in ep.recorder.files["container-logs.jsonl"]]
+    kinds = {p[0].value for p in map(parse_engine_line, lines) if p is not None}
+    assert kinds == {"engine_config", "engine_pressure"}
+    pool = next(p[1] for p in map(parse_engine_line, lines) if p and "kv_cache_tokens" in p[1])
+    assert pool["kv_cache_tokens"] == physics(scenario, ARGS).kv_pool_tokens
+    names = {json.loads(t)["name"] for _, _, t in ep.recorder.files["gpu-metrics.jsonl"]}
+    assert {"sglang:token_usage", "sglang:num_running_reqs"} <= names
+    assert ep.pods()[0].engine_args["max-num-seqs"] == 256
 
 
 def test_prompt_logprobs_over_a_chunk_pass_the_headroom_the_profile_left() -> None:
@@ -310,6 +364,22 @@ def test_every_mode_of_a_seed_sees_the_same_clients() -> None:
     assert clients(None) == clients(GatewayLimit(2.0, connections=4))
 
 
+def test_a_zombie_engine_stays_ready_and_its_requests_time_out() -> None:
+    """vllm#39863: the core is dead, ``/health`` answers 200, requests wait for a timeout."""
+    scenario = load_scenario("single-oversized")
+    scenario = scenario.model_copy(update={"pods": scenario.pods.model_copy(
+        update={"zombie_share": 1.0})})  # fmt: skip
+    ep = Endpoint(scenario, start=START)
+    ep.advance(301)
+    (victim,) = [p for p in ep.fleet.pods if p.engine is not None and p.engine.dead]
+    lines = [json.loads(t)["log"] for _, _, t in ep.recorder.files["container-logs.jsonl"]]
+    assert any("torch.OutOfMemoryError" in line for line in lines)
+    assert not any("EngineDeadError" in line or "Shutting down" in line for line in lines)
+    ep.advance(400)
+    assert victim in ep.fleet.pods and victim.ready and victim.restarts == 0
+    assert any('" 504 ' in line and victim.pod.addr in line for line in _access(ep))
+
+
 def test_a_liveness_probe_too_slow_under_load_restarts_the_container() -> None:
     ep = Endpoint(load_scenario("probe-restarts"), start=START)
     ep.advance(ep.scenario.duration_s)
@@ -383,7 +453,7 @@ def test_a_bad_scenario_is_one_line_naming_the_key(tmp_path: Path, text: str, ke
 
 
 def test_an_unknown_scenario_name_lists_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="one of .*default"):
+    with pytest.raises(ConfigError, match=r"one of .*default"):
         load_scenario("nope")
 
 
