@@ -88,21 +88,20 @@ def outcome_text(o: SimOutcome) -> str:
 
     victims = f": {', '.join(o.victims)}" if o.victims else ""
     causes = f" ({', '.join(sorted(set(o.oom_causes)))})" if o.oom_causes else ""
+    unfinished = share(o.client_unfinished)
+    lost = f"{o.pods_lost} of {o.pods_total} replicas, {len(o.oom_causes)} deaths"
     rows = [
         ("scenario", f"{o.scenario} (seed {o.seed}), containment {o.containment}"),
-        (
-            "client requests",
-            f"{o.client_requests:,} ({o.client_unfinished:,} unfinished at the end)",
-        ),
+        ("client requests", f"{o.client_requests:,}; unfinished at the end {unfinished}"),
         ("failed in the end", share(o.client_failed) + ", shed ones included"),
         ("shed at the gateway", share(o.shed_requests)),
         ("goodput", f"{o.goodput_tokens_per_s:,.0f} output tokens/s"),
-        ("latency p50 / p99", f"{secs(o.latency_p50_s)} / {secs(o.latency_p99_s)}"),
+        ("latency p50 / p99", f"{secs(o.latency_p50_s)} / {secs(o.latency_p99_s)} (successes)"),
         (
             "attempts (retries too)",
             f"{o.attempts:,}: {o.attempts_5xx:,} 5xx, {o.attempts_429:,} 429",
         ),
-        ("pods lost to GPU OOM", f"{o.pods_lost} of {o.pods_total}{victims}{causes}"),
+        ("pods lost to GPU OOM", f"{lost}{causes}{victims}"),
         ("other deaths, preemptions", f"{o.non_oom_deaths}, {o.preemptions:,}"),
         ("cascading", since(o.detect_s, "never")),
         ("first containment action", since(o.contain_s, "none")),

@@ -18,7 +18,8 @@ from detector.lab import recording_crashes as crashes
 from detector.lab import wordings as w
 from detector.lab.recorder import Pod, Recorder
 from detector.sim import emit_sglang
-from detector.sim.engine import GIB, Engine, Oom, Physics
+from detector.sim.engine import Engine
+from detector.sim.memory import GIB, Oom, Physics
 from detector.sim.scenario import Scenario
 
 MIB = 1024**2

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from detector.lab import wordings as w
 from detector.lab.recorder import Pod, Recorder
-from detector.sim.engine import Engine, Physics
+from detector.sim.engine import Engine
+from detector.sim.memory import Physics
 
 SITE = "/sgl-workspace/sglang/python/sglang/srt"
 
@@ -38,7 +39,7 @@ def startup(
     fraction: float,
 ) -> list[w.Line]:
     """Return the server's start-up lines from ``t0``, ending a second before Ready."""
-    gb = 1e9
+    gb = 1024**3  # SGLang prints GiB as "GB" (mem_cache/memory_pool.py: GB = 1024 * 1024 * 1024)
     total = phys.capacity_bytes / gb
     after_weights = total - phys.weights_bytes / gb - phys.non_torch_bytes / gb
     kv_each = phys.kv_pool_bytes / 2 / gb

@@ -297,7 +297,7 @@ def _outcome(
     milestones = _milestones(settings, key) if key is not None else {}
 
     def since_first(at: float | None) -> float | None:
-        return None if first is None or at is None else round(at - first, 1)
+        return None if first is None or at is None else round(at - first, 2)
 
     return SimOutcome(
         scenario=s.name,

@@ -36,7 +36,7 @@ from detector.sim import emit, emit_sglang
 from detector.sim.engine import Sequence
 from detector.sim.pods import Fleet, SimPod, State, Template
 from detector.sim.scenario import Scenario
-from detector.sim.traffic import GATEWAY_REFUSALS, Arrivals, Balancer, Client, Gateway, GatewayLimit
+from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
 
 STATS_EVERY_S = 10.0  # vLLM's stats line
 GAUGES_EVERY_S = 15.0  # Prometheus scrape of vLLM
@@ -112,7 +112,7 @@ def client_outcome(clients: list[Client], duration_s: float) -> ClientOutcome:
     """Return the per-request outcome of ``clients`` over a run of ``duration_s`` seconds."""
     done = [c for c in clients if c.final is not None]
     ok = [c for c in done if c.final == 200]
-    shed = [c for c in done if c.final in GATEWAY_REFUSALS]
+    shed = [c for c in done if c.shed]
     waits = sorted(c.done_at - c.first_at for c in ok if c.done_at is not None)
 
     def quantile(q: float) -> float | None:
@@ -132,14 +132,14 @@ def client_outcome(clients: list[Client], duration_s: float) -> ClientOutcome:
 @dataclass(slots=True)
 class _InFlight:
     """An attempt inside a pod: its client, when nginx sent it, to which upstreams, via which
-    gateway replica, and whether its stream has begun (its 200 sent)."""
+    gateway replica, and whether its tokens flow (its first token came)."""
 
     client: Client
     at: float
     sim: SimPod
     tried: list[tuple[str, str]]
     gateway: Gateway
-    streaming: bool = False
+    flowing: bool = False
 
 
 class Endpoint:
@@ -153,7 +153,7 @@ class Endpoint:
         self.rng = random.Random(f"{key}/model")
         self.now = 0.0
         self.outcome = Outcome(pods_total=scenario.replicas)
-        self.lb = tr.ingress(self.recorder)
+        self.lbs = [tr.ingress(self.recorder) for _ in range(scenario.balancer.gateway_replicas)]
         self.upstream = f"{scenario.namespace}-{scenario.workload}-8000"
         self.arrivals = Arrivals(
             scenario, random.Random(f"{key}/arrivals"), random.Random(f"{key}/retries")
@@ -298,7 +298,8 @@ class Endpoint:
         client.attempt += 1
         self.outcome.attempts += 1
         self._turn += 1
-        gateway = self.gateways[self._turn % len(self.gateways)]
+        client.via = self._turn % len(self.gateways)
+        gateway = self.gateways[client.via]
         if not gateway.allow(t):
             self._answer(t, client, t, 429, [])
             return
@@ -327,6 +328,7 @@ class Endpoint:
             min(client.output, limit - client.prompt),
             client.logprobs,
             client.prompt_logprobs,
+            max_new=min(client.max_tokens, limit - client.prompt),
         )
         sim.engine.waiting.append(seq)
         gateway.in_progress += 1
@@ -345,14 +347,13 @@ class Endpoint:
     ) -> None:
         """Log nginx's answer to one attempt, count it, and hand it back to its client."""
         answer = (status, max(0.0, t - sent), error)
-        emit.access(
-            self.lb, t, client.who, answer, tried, self.upstream, self.scenario.balancer.host
-        )
+        lb = self.lbs[client.via]
+        emit.access(lb, t, client.who, answer, tried, self.upstream, self.scenario.balancer.host)
         if status == 429:
             self.outcome.attempts_429 += 1
         elif status >= 500:
             self.outcome.attempts_5xx += 1
-        self.arrivals.answered(t, client, status, cut=cut)
+        self.arrivals.answered(t, client, status, cut=cut, gateway=not tried)
 
     def _finish(self, rid: int) -> _InFlight | None:
         info = self.inflight.pop(rid, None)
@@ -380,10 +381,15 @@ class Endpoint:
             return
         if sim.engine.retractions:
             emit_sglang.retractions(self.recorder, sim.pod, t1, sim.engine)
+        for seq in result.aborted:  # SGLang's last request, out of memory even alone
+            info = self._finish(seq.rid)
+            if info is not None:
+                tried = [*info.tried, (sim.pod.addr, "500")]
+                self._answer(t1, info.client, info.at, 500, tried)
         for seq in result.first_tokens:
             info = self.inflight.get(seq.rid)
-            if info is not None and info.client.stream:
-                info.streaming = True
+            if info is not None:
+                info.flowing = True
         for seq, frac in result.finished:
             info = self._finish(seq.rid)
             if info is not None:
@@ -409,39 +415,50 @@ class Endpoint:
     def _fail_inside(self, sim: SimPod, t: float, *, killed: bool = False) -> None:
         """Answer every attempt inside ``sim``, which dies at ``t`` (module docstring).
 
-        ``killed``: the container was killed (reset connections: 502); otherwise the engine
-        died and vLLM answered 500 before exiting. A stream that had begun keeps its 200.
+        ``killed``: the process went with its connections (a deleted or restarted container,
+        SGLang's process tree, a plain server): 502, streams cut. Otherwise vLLM's engine died
+        and its API server answered: 500, and streams (their 200 sent at once) end with an
+        error chunk.
         """
+        killed = killed or self.scenario.engine.kind != "vllm"
         rids = [rid for rid, info in self.inflight.items() if info.sim is sim]
         for k, rid in enumerate(rids):
             info = self._finish(rid)
             assert info is not None
             at = t + 0.001 * k
-            if info.streaming:
+            if info.client.stream:
                 tried = [*info.tried, (sim.pod.addr, "200")]
-                self._answer(at, info.client, info.at, 200, tried, _CUT, cut=True)
+                self._answer(at, info.client, info.at, 200, tried, _CUT if killed else "", cut=True)
                 continue
             status = 502 if killed else 500
             tried = [*info.tried, (sim.pod.addr, str(status))]
             self._answer(at, info.client, info.at, status, tried, tr.CLOSED if killed else "")
 
     def _timeouts(self, t1: float) -> None:
-        """Answer 504 after nginx's read timeout without headers, 499 after the client's own."""
+        """End the attempts that waited too long for a byte (both timeouts are between reads).
+
+        nginx's ``proxy_read_timeout``: 504 when no headers came; for a stream (200 sent at
+        once) whose first token has not come, the 200 is cut. The client's own read timeout,
+        when shorter: 499 (the SDK retries it). A stream whose tokens flow never times out.
+        """
         nginx_s = self.scenario.balancer.upstream_timeout_s
         client_s = self.scenario.clients.timeout_s
         for rid, info in list(self.inflight.items()):
-            waited = t1 - info.at
-            if waited >= client_s:
-                status, at, error = 499, info.at + client_s, ""
-            elif waited >= nginx_s and not info.streaming:
-                status, at, error = 504, info.at + nginx_s, tr.TIMED_OUT
-            else:
+            if (info.flowing and info.client.stream) or t1 - info.at < min(nginx_s, client_s):
                 continue
             self._finish(rid)
             if info.sim.engine is not None:
                 info.sim.engine.remove(rid)
-            tried = [*info.tried, (info.sim.pod.addr, str(status))]
-            self._answer(at, info.client, info.at, status, tried, error)
+            if client_s < nginx_s:
+                tried = [*info.tried, (info.sim.pod.addr, "499")]
+                self._answer(info.at + client_s, info.client, info.at, 499, tried)
+            elif info.client.stream:
+                tried = [*info.tried, (info.sim.pod.addr, "200")]
+                at = info.at + nginx_s
+                self._answer(at, info.client, info.at, 200, tried, _STREAM_TIMED_OUT, cut=True)
+            else:
+                tried = [*info.tried, (info.sim.pod.addr, "504")]
+                self._answer(info.at + nginx_s, info.client, info.at, 504, tried, tr.TIMED_OUT)
 
     def _scrapes(self, t0: float, t1: float) -> None:
         """Emit the periodic stats line, vLLM gauges and framebuffer samples due in the step."""
@@ -501,6 +518,7 @@ class Endpoint:
 
 
 _CUT = "upstream prematurely closed connection while reading upstream"
+_STREAM_TIMED_OUT = "upstream timed out (110: Connection timed out) while reading upstream"
 
 
 def _multiples(every: float, t0: float, t1: float) -> list[float]:

@@ -33,7 +33,8 @@ from detector.lab import recorder as r
 from detector.lab import wordings as w
 from detector.lab.recorder import Gpu, Pod, Recorder
 from detector.sim import emit
-from detector.sim.engine import Engine, physics
+from detector.sim.engine import Engine
+from detector.sim.memory import physics
 from detector.sim.scenario import Scenario
 
 IMAGES = {
@@ -123,6 +124,12 @@ class SimPod:
     probe_at: float = 0.0
     ready_fails: int = 0
     live_fails: int = 0
+
+    @property
+    def available(self) -> bool:
+        """Return whether the pod serves and is Ready (the Deployment's available replica)."""
+        return self.state is State.SERVING and self.ready
+
     pending: deque[w.Line] = field(default_factory=deque)
     next_event: float = 0.0
 
@@ -288,13 +295,10 @@ class Fleet:
     def rollout(self, t: float) -> list[SimPod]:
         """Replace old-template pods (module docstring); return the pods deleted."""
         old = [p for p in self.pods if p.template.hash != self.template.hash]
-        unhealthy = [p for p in old if p.state is not State.SERVING]
-        gone = list(unhealthy)
-        unavailable = sum(
-            1 for p in self.pods if p.state is not State.SERVING and p not in unhealthy
-        )
-        healthy_old = [p for p in old if p.state is State.SERVING]
-        if healthy_old and unavailable == 0:
+        gone = [p for p in old if not p.available]  # unavailable already: replaced at once
+        unavailable = sum(1 for p in self.pods if not p.available)
+        healthy_old = [p for p in old if p.available]
+        if healthy_old and unavailable == 0:  # maxUnavailable 1: only while all are available
             gone.append(healthy_old[0])
         for sim in gone:
             self.delete(sim, t)

@@ -56,34 +56,44 @@ class GpuSpec(_Strict):
     """One GPU per replica: nvidia-smi's name and framebuffer, and what PyTorch calls capacity.
 
     H100 80GB HBM3: nvidia-smi 81,559 MiB; ``torch.cuda.mem_get_info`` total 79.19 GiB
-    (the ``total capacity`` of the OOM message in the bundled recording).
+    (the ``total capacity`` of the OOM message in the bundled recording); HBM3 at 3.35 TB/s
+    (NVIDIA's H100 SXM datasheet).
     """
 
     model: str = "NVIDIA H100 80GB HBM3"
     total_mib: int = Field(81_559, gt=0)
     capacity_gib: float = Field(79.19, gt=0)
+    hbm_bytes_per_s: float = Field(3.35e12, gt=0)
 
 
 class EngineSpec(_Strict):
-    """The engine's kind, ceilings, speed and memory (``detector.sim.engine`` uses them).
+    """The engine's kind, ceilings, speed and memory (``detector.sim.engine``, ``memory``).
 
     ``kind``: ``vllm`` (V1: paged KV pool, admission by blocks, preemption), ``sglang`` (a token
     pool of ``mem_fraction_static``, admission by ``new_token_ratio``, retraction) or
     ``unpaged`` (a server without paged attention: batch x length is the memory); for SGLang
     ``max_num_seqs`` is ``--max-running-requests`` and ``max_num_batched_tokens``
     ``--chunked-prefill-size``. Ceilings:
-    https://docs.vllm.ai/en/latest/configuration/engine_args.html. Speed: an iteration takes
-    ``iteration_base_s + iteration_per_seq_s x running + prefill tokens /
-    prefill_tokens_per_s`` (Llama-3.1-8B on an H100: ~10 ms at batch 1, ~35 ms at 256).
+    https://docs.vllm.ai/en/latest/configuration/engine_args.html.
+
+    Speed: an iteration takes ``iteration_overhead_s + iteration_per_seq_s x running + (weights
+    + KV held) / the GPU's HBM bandwidth + prefill tokens / prefill_tokens_per_s`` (decode reads
+    every weight and every KV byte once; Llama-3.1-8B on an H100: ~7 ms at batch 1, ~30 ms at
+    256 requests of 1k tokens; prefill ~16 GFLOP a token at half of 989 TFLOPS is ~30k tokens/s
+    for short prompts, about half for 32k ones: 20k).
+
     Memory: ``activation_bytes_per_token`` of a batched token (profiled); ``non_torch_gib``
     (CUDA context, NCCL, cuBLAS); ``cuda_graph_gib`` captured after the KV pool is sized, so
-    out of the headroom (vLLM: "memory_profiling does not consider CUDAGraph memory size");
-    ``co_tenant_gib``: another process on the GPU; ``logprobs_bytes_per_entry``: bytes per
-    ``[row, vocab]`` entry of a logprobs computation the profile never ran (bf16 logits 2 +
-    fp32 ``log_softmax`` 4, vllm PR #52054); ``long_context_bytes_per_token``: the stand-in of
-    ``engine``'s docstring, at most what lets a full pool of context fit the headroom at
-    utilization 0.9 (vLLM runs full every day) and at least what makes three 10.5k-token
-    requests pass the headroom at 0.99 (vllm#13100).
+    beside it (vLLM: "memory_profiling does not consider CUDAGraph memory size");
+    ``co_tenant_gib``: another process on the GPU; ``prompt_logprobs_bytes_per_entry``: bytes
+    per ``[token, vocab]`` entry of prompt logprobs, never profiled (bf16 logits 2 + fp32
+    ``log_softmax`` 4, vllm PR #52054); ``sampler_logprobs_bytes_per_entry``: of sampled
+    logprobs beyond the profiled logits (fp32 ``log_softmax`` 4 + the rank compare 1);
+    ``long_context_bytes_per_token``: the stand-in of ``memory``'s docstring, bounded on both
+    sides: a full pool of context must fit beside it at utilization 0.95 (vLLM runs full every
+    day: at most ~10 KiB for Llama-3.1-8B on an H100) and vllm#13100's three ~10.5k-token
+    requests must not at 0.99 (~17 KB for its 123B model, ~6 KB scaled to an 8B model's hidden
+    size): 6 KiB.
     """
 
     kind: Literal["vllm", "sglang", "unpaged"] = "vllm"
@@ -93,14 +103,15 @@ class EngineSpec(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     mem_fraction_static: float = Field(0.88, gt=0, le=1)
     block_size: int = Field(16, gt=0)
-    iteration_base_s: float = Field(0.010, gt=0)
-    iteration_per_seq_s: float = Field(0.0001, ge=0)
-    prefill_tokens_per_s: float = Field(15_000.0, gt=0)
+    iteration_overhead_s: float = Field(0.002, ge=0)
+    iteration_per_seq_s: float = Field(0.00005, ge=0)
+    prefill_tokens_per_s: float = Field(20_000.0, gt=0)
     activation_bytes_per_token: int = Field(160 * 1024, ge=0)
     non_torch_gib: float = Field(0.79, ge=0)
     cuda_graph_gib: float = Field(0.5, ge=0)
     co_tenant_gib: float = Field(0.0, ge=0)
-    logprobs_bytes_per_entry: int = Field(6, ge=0)
+    prompt_logprobs_bytes_per_entry: int = Field(6, ge=0)
+    sampler_logprobs_bytes_per_entry: int = Field(5, ge=0)
     long_context_bytes_per_token: float = Field(6144.0, ge=0)
 
 
@@ -208,6 +219,13 @@ class TrafficSpec(_Strict):
     bursts: list[Burst] = Field(default_factory=list)
     requests: list[OneOff] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _knots_in_order(self) -> TrafficSpec:
+        times = [t for t, _ in self.rps]
+        if times != sorted(times) or any(rate < 0 for _, rate in self.rps):
+            raise ValueError("rps knots must be [offset_s, rps] in time order, rps >= 0")
+        return self
+
 
 class ClientSpec(_Strict):
     """Clients as the OpenAI Python SDK behaves (``_constants.py``, ``_base_client.py``,
@@ -280,7 +298,9 @@ def load_scenario(path_or_name: str | Path) -> Scenario:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError("scenario", f"{path}: {first}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError("scenario", f"{path}: {first}{where}") from exc
     if not isinstance(doc, dict):
         raise ConfigError("scenario", f"{path}: a mapping of knobs is expected at the top")
     try:

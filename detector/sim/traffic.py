@@ -28,28 +28,32 @@ from detector.lab import recorder as r
 from detector.lab import recorder_traffic as tr
 from detector.sim.scenario import Burst, OneOff, PromptClass, Scenario
 
-FINAL = frozenset({400, 413})  # refused for what the request is: never retried
 GATEWAY_REFUSALS = frozenset({400, 413, 429})  # answered by the gateway itself: shed
+CUT = 599  # the final "status" of a stream that broke after its 200
 
 
 def retryable(status: int) -> bool:
-    """Return whether the OpenAI SDK retries an answer (``_should_retry``): 408, 409, 429, 5xx."""
-    return status in (408, 409, 429) or status >= 500
+    """Return whether the OpenAI SDK retries an answer (``_should_retry``): 408, 409, 429, 5xx,
+    and 499, which stands here for the client's own timeout (retried as ``APITimeoutError``)."""
+    return status in (408, 409, 429, 499) or status >= 500
 
 
 @dataclass(slots=True)
 class Client:
     """One client request and its attempts: who sends it, its tokens and options, its end.
 
-    ``first_at``: when its first attempt arrived; ``final``: the status of its last attempt
-    once it has one (None while it is in flight or waits to retry); ``streamed``: its last
-    attempt was a stream cut after the 200.
+    ``max_tokens``: what it asks for at most (its class's ``output_max``); ``first_at``: when
+    its first attempt arrived; ``final``: the status of its last attempt
+    once it has one (None while it is in flight or waits to retry; ``CUT`` for a stream that
+    broke after its 200); ``done_at``: when it got that answer; ``shed``: the gateway refused
+    it (429/413/400 with no upstream tried).
     """
 
     cid: int
     who: tuple[str, str]
     prompt: int
     output: int
+    max_tokens: int = 0
     logprobs: bool = False
     prompt_logprobs: bool = False
     stream: bool = False
@@ -58,6 +62,8 @@ class Client:
     attempt: int = 0
     final: int | None = None
     done_at: float | None = None
+    shed: bool = False
+    via: int = 0  # the gateway replica of its current attempt
 
 
 @dataclass(slots=True)
@@ -86,7 +92,9 @@ class Arrivals:
             if lo < hi:
                 for t in r.arrivals(rng, lo, hi, _rate(burst)):
                     prompt = rng.randint(*burst.prompt_tokens)
-                    out.append((t, self._new(t, prompt, rng.randint(*burst.output_tokens))))
+                    client = self._new(t, prompt, rng.randint(*burst.output_tokens))
+                    client.max_tokens = burst.output_tokens[1]
+                    out.append((t, client))
         for one in sc.traffic.requests:
             for t in _times(one, t0, t1):
                 out.append((t, self._new(t, one.prompt_tokens, one.output_tokens, one)))
@@ -103,6 +111,7 @@ class Arrivals:
         client = self._new(
             t, int(min(mix.prompt_max, max(16, prompt))), int(min(mix.output_max, max(1, output)))
         )
+        client.max_tokens = mix.output_max
         client.logprobs = rng.random() < mix.logprobs_share
         return client
 
@@ -114,6 +123,7 @@ class Arrivals:
             who,
             prompt,
             output,
+            max_tokens=output,
             prompt_logprobs=one is not None and one.prompt_logprobs,
             stream=rng.random() < spec.stream_share,
             max_retries=spec.max_retries,
@@ -122,10 +132,13 @@ class Arrivals:
         self.clients.append(client)
         return client
 
-    def answered(self, t: float, client: Client, status: int, *, cut: bool = False) -> None:
+    def answered(
+        self, t: float, client: Client, status: int, *, cut: bool = False, gateway: bool = False
+    ) -> None:
         """Take the answer to the client's attempt at ``t``: retry it, or make it final.
 
-        ``cut``: a stream that broke after its 200 (failed, and never retried).
+        ``cut``: a stream that broke after its 200 (failed, and never retried); ``gateway``:
+        the gateway answered it itself (no upstream tried).
         """
         if not cut and status != 200 and retryable(status) and client.attempt <= client.max_retries:
             spec = self.scenario.clients
@@ -134,8 +147,9 @@ class Arrivals:
             wait = delay * (1 - 0.25 * self.retry_rng.random())
             heapq.heappush(self.retries, (t + wait, client.cid, client))
             return
-        client.final = 599 if cut else status
+        client.final = CUT if cut else status
         client.done_at = t
+        client.shed = gateway and status in GATEWAY_REFUSALS
 
 
 def _times(one: OneOff, t0: float, t1: float) -> list[float]:

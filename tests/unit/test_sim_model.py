@@ -21,11 +21,12 @@ from detector.errors import ConfigError
 from detector.events.engine_lines import parse_engine_line
 from detector.lab.recorder import Recorder
 from detector.sim import emit_sglang
-from detector.sim.engine import Engine, Sequence, physics
+from detector.sim.engine import Engine, Sequence
+from detector.sim.memory import physics
 from detector.sim.model import Endpoint
 from detector.sim.pods import BACKOFF_RESET_S, next_backoff
 from detector.sim.scenario import Scenario, load_scenario, scenario_names
-from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
+from detector.sim.traffic import CUT, Arrivals, Balancer, Client, Gateway, GatewayLimit
 
 START = 1741942800.0
 ARGS = {"max-num-seqs": 256, "max-num-batched-tokens": 8192, "max-model-len": 32768}
@@ -95,11 +96,17 @@ def test_a_full_kv_pool_preempts_the_newest_and_recomputes_it_never_ooms() -> No
 
 def test_a_preempted_request_goes_back_to_the_front_with_nothing_computed() -> None:
     engine = _engine()
-    engine.running = [Sequence(1, 100, 10), Sequence(2, 100, 10)]
+    blocks = engine.phys.kv_pool_tokens // 16 // 2  # two decoding requests fill the pool
+    engine.running = [
+        Sequence(rid, blocks * 16 - 1, 100, generated=1, computed=blocks * 16, blocks=blocks)
+        for rid in (1, 2)
+    ]
     engine.waiting.append(Sequence(3, 100, 10))
-    engine._preempt(engine.running.pop())
-    assert [s.rid for s in engine.waiting] == [2, 3]
+    assert engine.step(0.5).oom is None
+    assert [s.rid for s in engine.running] == [1]
+    assert [s.rid for s in engine.waiting] == [2, 3]  # the newest, at the front
     assert engine.waiting[0].computed == 0 and engine.waiting[0].blocks == 0
+    assert engine.preemptions == 1
 
 
 def test_sglang_retracts_the_request_with_the_fewest_output_tokens_to_the_back() -> None:
@@ -134,7 +141,7 @@ def test_sglang_admits_by_its_token_ratio_not_just_the_free_pool() -> None:
     engine = _engine(_quiet(engine={"kind": "sglang"}))
     free = engine.free_blocks
     engine.running = [Sequence(0, 100, 10_000, computed=100, generated=1, blocks=101)]
-    reserve = (10_000 - 1) * engine.new_token_ratio
+    reserve = min(10_000 - 1, 4096) * engine.new_token_ratio  # CLIP_MAX_NEW_TOKENS
     engine.waiting.append(Sequence(1, prompt=int(free - reserve) + 10, output=1))
     engine.step(0.5)
     assert [s.rid for s in engine.waiting] == [1]  # it fits the pool but not the reserve
@@ -345,7 +352,7 @@ def test_clients_retry_as_the_openai_sdk_does() -> None:
         assert fresh.final == final and arrivals.retries == []
     cut = Client(3, ("203.0.113.9", "curl/8.5.0"), 100, 10, stream=True, attempt=1)
     arrivals.answered(50.0, cut, 200, cut=True)
-    assert cut.final == 599 and arrivals.retries == []  # a broken stream is never retried
+    assert cut.final == CUT and arrivals.retries == []  # a broken stream is never retried
     ep = Endpoint(_quiet(traffic={"rps": [[0, 5]]}), start=START)
     ep.advance(30)  # nothing serves yet: every client tries three times
     assert ep.outcome.attempts > 2 * 5 * 25
