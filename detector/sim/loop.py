@@ -54,7 +54,8 @@ from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.sim.cluster import SimCluster
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
-from detector.sim.model import Endpoint, client_outcome
+from detector.sim.model import Endpoint
+from detector.sim.outcome import client_outcome
 from detector.sim.scenario import Scenario
 
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
