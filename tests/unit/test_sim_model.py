@@ -441,6 +441,27 @@ def test_the_shipped_scenarios_load() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "cause"),
+    [
+        ("poison-request", "prompt_logprobs"),
+        ("single-oversized", "prompt_logprobs"),
+        ("long-prompt-burst", "long_context"),
+        ("default", "long_context"),
+        ("load-shift", "long_context"),
+        ("no-paged-attention", "kv_cache"),
+    ],
+)
+def test_each_oom_scenario_cascades_without_containment_for_its_own_reason(
+    name: str, cause: str
+) -> None:
+    """The model alone is containment off: at least two replicas die, of the scenario's cause."""
+    ep = Endpoint(load_scenario(name), start=START)
+    ep.advance(ep.scenario.duration_s)
+    assert ep.outcome.pods_lost >= 2
+    assert set(ep.outcome.oom_causes) == {cause}
+
+
+@pytest.mark.parametrize(
     ("text", "key"),
     [
         ("name: x\ndescription: y\nduration_s: 10\nreplica: 3\n", "replica: unknown key"),
