@@ -8,17 +8,17 @@ a death inside a step), so the containment modes of one seed see the same client
 arrivals through a gateway replica's limit and the load balancer (``traffic``), steps every
 serving engine (``engine``) and writes what each shows (``emit``).
 
-The answers, as ingress-nginx and vLLM give them: 503 with upstream ``-`` when no endpoint is
-Ready; when an engine dies of OOM, 500 from vLLM to its requests in flight (``EngineDeadError``
--> HTTP 500, ``vllm/entrypoints/launcher.py``) and, for a stream that has begun, the 200
-already sent and a cut body (``upstream prematurely closed connection``); 502 for the
-requests inside a pod that is killed (eviction, rollout, liveness: the connection is reset)
-and for a connection refused by a pod that died less than ``endpoint_lag_s`` ago when no
-other endpoint is left (otherwise nginx tries the next one); 504 after
-``upstream_timeout_s`` without response headers (a stream's first token is its headers);
-499 when the client's own timeout comes first; 400 for a prompt over ``max-model-len``; 429
-from the gateway limit. Every answer goes back to its client (``Arrivals.answered``), which
-retries or ends there.
+The answers, as ingress-nginx and the engines give them: 503 with upstream ``-`` when no
+endpoint is Ready; when a vLLM engine dies of OOM, 500 to its requests in flight
+(``EngineDeadError`` -> HTTP 500, ``vllm/entrypoints/launcher.py``), while a stream, whose 200
+vLLM sends at once (``StreamingResponse``), ends with an error chunk; 502 and cut streams
+(``upstream prematurely closed connection``) when the process goes with its connections (a
+killed container, SGLang's process tree, a plain server); 502 for a connection refused by a
+pod that died less than ``endpoint_lag_s`` ago when no other endpoint is left (otherwise nginx
+tries the next one); after ``upstream_timeout_s`` without a byte, 504 (no headers yet) or a
+cut stream whose first token never came; 499 when the client's own timeout comes first; 400
+for a prompt over ``max-model-len``; 429 from the gateway limit. Every answer goes back to its
+client (``Arrivals.answered``), which retries or ends there.
 
 The actuation methods (``set_deployment_args``, ``evict``, ``set_gateway_limit``) act at
 ``now``, as the Kubernetes API server and the gateway would.
