@@ -9,13 +9,15 @@ a seed see the same clients at the same moments and differ only in what the dete
 baseline of each row is the ``off`` row of its scenario, measured in the same run.
 
 Columns (``detector simulate --json`` keys): ``client_failed`` as a share of
-``client_requests`` (the last attempt failed, shed ones included), ``shed_requests`` share,
-``goodput_tokens_per_s``, ``latency_p99_s``, ``pods_lost``, ``recover_s``, ``incidents``,
-``actions`` (applied writes) and the runs that left something in force; each a median over the
-seeds with the lowest and highest seed in brackets, and ``failed x off`` the median of the
-per-seed ratio to the ``off`` run of the same seed. The targets (DESIGN.md section 7): with
-containment at most one pod lost, failed client requests at most half of ``off``, goodput not
-lower, and nothing at all on ``busy-no-trigger``.
+``client_requests`` (the last attempt failed, shed ones included), ``client_unfinished`` share
+(still in flight or waiting to retry at the end: neither failed nor served), ``shed_requests``
+share, ``goodput_tokens_per_s``, ``latency_p99_s`` (successful requests), ``pods_lost``,
+``recover_s``, ``incidents``, ``actions`` (applied writes) and the runs that left something in
+force; each the median over the seeds with the lowest and highest value in brackets, and
+``failed x off`` the median of the per-seed ratio to the ``off`` run of the same seed. The
+targets (the design card's, ``shared/DESIGN.md`` section 7): with containment at most one pod
+lost, failed client requests at most half of ``off``, goodput not lower, and nothing at all on
+``busy-no-trigger``.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def row(name: str, mode: str, runs: list[dict[str, Any]], off: list[dict[str, An
         "containment": mode,
         "seeds": [r["seed"] for r in runs],
         "client_failed_pct": _spread(pct("client_failed")),
+        "unfinished_pct": _spread(pct("client_unfinished")),
         "failed_x_off": _spread(ratios, 2),
         "shed_pct": _spread(pct("shed_requests")),
         "goodput_tokens_per_s": _spread([r["goodput_tokens_per_s"] for r in runs], 0),
@@ -82,7 +85,7 @@ def row(name: str, mode: str, runs: list[dict[str, Any]], off: list[dict[str, An
 
 
 COLUMNS = (
-    "scenario", "containment", "client_failed_pct", "failed_x_off", "shed_pct",
+    "scenario", "containment", "client_failed_pct", "failed_x_off", "unfinished_pct", "shed_pct",
     "goodput_tokens_per_s", "latency_p99_s", "pods_lost", "recover_s", "incidents", "actions",
     "left_in_force",
 )  # fmt: skip

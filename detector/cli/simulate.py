@@ -44,7 +44,8 @@ def simulate_cmd(
     keep: Annotated[
         Path | None,
         typer.Option(
-            help="keep the store in this new folder (detector show --db sqlite:///DIR/sim.db)"
+            help="keep the store in a folder that holds none yet "
+            "(detector incidents --db sqlite:///DIR/sim.db, then show KEY --db ...)"
         ),
     ] = None,
 ) -> None:

@@ -76,14 +76,15 @@ class Containment(StrEnum):
 class SimOutcome:
     """What happened in one run: what the clients felt, the endpoint's figures, the detector's.
 
-    Per client request (a request and its retries, ``detector.sim.model.ClientOutcome``):
+    Per client request (a request and its retries, ``detector.sim.outcome.ClientOutcome``):
     ``client_requests``, ``client_failed`` (the last attempt failed; shed ones included),
-    ``shed_requests`` (the last attempt refused at the gateway: 429/413/400),
-    ``client_unfinished``, ``goodput_tokens_per_s``, ``latency_p50_s``/``latency_p99_s``.
-    Per attempt: ``attempts``, ``attempts_5xx``, ``attempts_429``. ``pods_lost`` counts the
-    replicas that died of GPU OOM at least once (``victims``: the first pod of each, in order;
-    ``oom_causes``: what each OOM allocated for); ``non_oom_deaths``: faults, liveness kills,
-    failed starts; ``preemptions``: vLLM's, over the run. Times are seconds from the first GPU
+    ``shed_requests`` (the last attempt refused by the gateway itself: 429; 413/400 from an
+    admission rule), ``client_unfinished``, ``goodput_tokens_per_s``,
+    ``latency_p50_s``/``latency_p99_s``. Per attempt: ``attempts``, ``attempts_5xx``,
+    ``attempts_429``. ``pods_lost`` counts the replicas that died of GPU OOM at least once
+    (``victims``: the first pod of each, in order; ``oom_causes``: what each GPU OOM death
+    allocated for); ``non_oom_deaths``: faults, liveness kills, failed starts; ``preemptions``:
+    vLLM's preemptions and SGLang's retractions over the run. Times are seconds from the first GPU
     OOM (None when it did not happen): ``detect_s`` to the incident's ``cascading`` stage,
     ``contain_s`` to the first write of the real actuators that reached the cluster,
     ``recover_s`` until every replica serves again and keeps serving to the end of the run.

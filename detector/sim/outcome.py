@@ -19,7 +19,7 @@ class Outcome:
     ``all_serving_at``: the offset from which every replica is Ready again after the first OOM,
     to the end (None if never). ``deaths``: every GPU OOM death, repeats included;
     ``non_oom_deaths``: the other crashes (faults, liveness kills, failed starts);
-    ``preemptions``: vLLM's preemptions over every engine of the run.
+    ``preemptions``: vLLM's preemptions and SGLang's retractions over every engine of the run.
     """
 
     pods_total: int
@@ -42,7 +42,8 @@ class ClientOutcome:
     """What the clients felt, one client request each (its retries included).
 
     ``client_failed``: requests whose last attempt failed, shed ones included;
-    ``shed_requests``: those whose last attempt the gateway refused (429/413/400);
+    ``shed_requests``: those whose last attempt the gateway refused itself (429; 413/400 from
+    an admission rule); a 400 from the engine is a failure, not shed;
     ``client_unfinished``: still in flight or waiting to retry at the end (in neither);
     ``goodput_tokens_per_s``: output tokens of the successful requests over the run;
     latencies: first attempt to the successful answer, seconds (None: no success).
