@@ -170,6 +170,8 @@ _ENGINE_FRAMES = """\
 {d}/vllm/v1/engine/core.py|743|_process_engine_step|outputs, model_executed = self.step_fn()
 {d}/vllm/v1/engine/core.py|288|step|model_output = self.execute_model_with_error_logging(
 {d}/vllm/v1/engine/core.py|265|execute_model_with_error_logging|return model_fn(scheduler_output)
+"""
+_LOGITS_FRAMES = """\
 {d}/vllm/v1/worker/gpu_model_runner.py|1620|execute_model|logits = self.model.compute_logits(
 {d}/vllm/model_executor/layers/logits_processor.py|104|_get_logits|logits = lm_head.quant_\
 method.apply(
@@ -194,8 +196,13 @@ def frames(table: str, site: str = DIST) -> list[str]:
     return out
 
 
-def vllm_oom_death(t: float, engine: str, oom: OomNumbers, clients: Sequence[str]) -> list[Line]:
+def vllm_oom_death(
+    t: float, engine: str, oom: OomNumbers, clients: Sequence[str], where: str = _LOGITS_FRAMES
+) -> list[Line]:
     """Return a vLLM V1 engine death by CUDA OOM, one line per record, then the shutdown.
+
+    ``where``: the innermost frames (``path|line|function|code`` rows) below
+    ``execute_model``: by default the logits of the step.
 
     Shape of https://github.com/noonghunna/club-3090/issues/16 and issues/58: the engine
     core logs the traceback ending in ``torch.OutOfMemoryError``, the API server raises
@@ -214,7 +221,7 @@ def vllm_oom_death(t: float, engine: str, oom: OomNumbers, clients: Sequence[str
         ),
         *[
             (0.001, "stdout", err + text)
-            for text in [*core, *frames(_ENGINE_FRAMES), oom.message()]
+            for text in [*core, *frames(_ENGINE_FRAMES + where), oom.message()]
         ],
     ]
     out += _api_server_death(t, clients)

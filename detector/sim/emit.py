@@ -111,7 +111,12 @@ def oom_death(
         emit_sglang.oom_death(rec, pod, t, numbers)
         return
     if kind == "vllm":
-        lines = w.vllm_oom_death(rec.start + t, engine_tag, numbers, [])
+        where = _WHERE.get(oom.cause)
+        lines = (
+            w.vllm_oom_death(rec.start + t, engine_tag, numbers, [], where)
+            if where is not None
+            else w.vllm_oom_death(rec.start + t, engine_tag, numbers, [])
+        )
         rec.lines(pod, t, [line for line in lines if not zombie or w.API not in line[2]])
         return
     site = "/opt/conda/lib/python3.11/site-packages/transformers/generation/utils.py"
@@ -121,6 +126,42 @@ def oom_death(
     )
     texts = ["Traceback (most recent call last):", *w.frames(table), numbers.message()]
     rec.lines(pod, t, [(0.0, "stderr", text) for text in texts])
+
+
+# The frames below ``execute_model`` where each unprofiled allocation fails, from vLLM 0.11.0's
+# gpu_model_runner.py, sample/sampler.py and models/llama.py (the 0.10.1 image has the same path
+# under other line numbers): https://github.com/vllm-project/vllm/tree/v0.11.0/vllm
+_RUNNER = "{d}/vllm/v1/worker/gpu_model_runner.py"
+_SAMPLER = "{d}/vllm/v1/sample/sampler.py"
+_LOG_SOFTMAX = (
+    f"{_SAMPLER}|199|compute_logprobs|return logits.log_softmax(dim=-1, dtype=torch.float32)"
+)
+_WHERE = {
+    cause: "".join(row + "\n" for row in rows)
+    for cause, rows in {
+        "prompt_logprobs": (
+            f"{_RUNNER}|2413|execute_model|) = self._bookkeeping_sync(scheduler_output, "
+            "sampler_output,",
+            f"{_RUNNER}|2131|_bookkeeping_sync|prompt_logprobs_dict = "
+            "self._get_prompt_logprobs_dict(",
+            f"{_RUNNER}|2793|_get_prompt_logprobs_dict|logprobs = "
+            "self.sampler.compute_logprobs(logits)",
+            _LOG_SOFTMAX,
+        ),
+        "sampler_logprobs": (
+            f"{_RUNNER}|2367|execute_model|sampler_output = self._sample(logits, "
+            "spec_decode_metadata)",
+            f"{_RUNNER}|2061|_sample|sampler_output = self.sampler(",
+            f"{_SAMPLER}|81|forward|raw_logprobs = self.compute_logprobs(logits)",
+            _LOG_SOFTMAX,
+        ),
+        "long_context": (
+            f"{_RUNNER}|2298|execute_model|model_output = self.model(",
+            "{d}/vllm/model_executor/models/llama.py|597|forward|model_output = "
+            "self.model(input_ids, positions, intermediate_tensors,",
+        ),
+    }.items()
+}
 
 
 def start_failed(rec: Recorder, pod: Pod, t: float, scenario: Scenario) -> None:

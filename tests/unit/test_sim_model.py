@@ -173,6 +173,20 @@ def test_prompt_logprobs_over_a_chunk_pass_the_headroom_the_profile_left() -> No
     assert plain.step(0.5).oom is None  # the same prompt without logprobs is fine
 
 
+@pytest.mark.parametrize(
+    ("name", "frame"),
+    [("single-oversized", "in _get_prompt_logprobs_dict"), ("long-prompt-burst", "llama.py")],
+)
+def test_the_oom_traceback_shows_where_the_unprofiled_allocation_failed(
+    name: str, frame: str
+) -> None:
+    ep = Endpoint(load_scenario(name), start=START)
+    ep.advance(ep.scenario.duration_s)
+    lines = [json.loads(t)["log"] for _, _, t in ep.recorder.files["container-logs.jsonl"]]
+    oom = next(i for i, line in enumerate(lines) if "torch.OutOfMemoryError" in line)
+    assert any(frame in line for line in lines[oom - 6 : oom])
+
+
 def test_without_paged_attention_batch_times_length_is_the_memory() -> None:
     unpaged = _quiet(engine={"kind": "unpaged", "max_num_seqs": 32})
     engine = _engine(unpaged, **{"max-num-seqs": 32})
