@@ -197,12 +197,12 @@ def frames(table: str, site: str = DIST) -> list[str]:
 
 
 def vllm_oom_death(
-    t: float, engine: str, oom: OomNumbers, clients: Sequence[str], where: str = _LOGITS_FRAMES
+    t: float, engine: str, oom: OomNumbers, clients: Sequence[str], where: str | None = None
 ) -> list[Line]:
     """Return a vLLM V1 engine death by CUDA OOM, one line per record, then the shutdown.
 
     ``where``: the innermost frames (``path|line|function|code`` rows) below
-    ``execute_model``: by default the logits of the step.
+    ``execute_model``: by default (None) the logits of the step.
 
     Shape of https://github.com/noonghunna/club-3090/issues/16 and issues/58: the engine
     core logs the traceback ending in ``torch.OutOfMemoryError``, the API server raises
@@ -221,7 +221,7 @@ def vllm_oom_death(
         ),
         *[
             (0.001, "stdout", err + text)
-            for text in [*core, *frames(_ENGINE_FRAMES + where), oom.message()]
+            for text in [*core, *frames(_ENGINE_FRAMES + (where or _LOGITS_FRAMES)), oom.message()]
         ],
     ]
     out += _api_server_death(t, clients)

@@ -111,12 +111,7 @@ def oom_death(
         emit_sglang.oom_death(rec, pod, t, numbers)
         return
     if kind == "vllm":
-        where = _WHERE.get(oom.cause)
-        lines = (
-            w.vllm_oom_death(rec.start + t, engine_tag, numbers, [], where)
-            if where is not None
-            else w.vllm_oom_death(rec.start + t, engine_tag, numbers, [])
-        )
+        lines = w.vllm_oom_death(rec.start + t, engine_tag, numbers, [], _WHERE.get(oom.cause))
         rec.lines(pod, t, [line for line in lines if not zombie or w.API not in line[2]])
         return
     site = "/opt/conda/lib/python3.11/site-packages/transformers/generation/utils.py"

@@ -92,12 +92,13 @@ class Arrivals:
             if lo < hi:
                 for t in r.arrivals(rng, lo, hi, _rate(burst)):
                     prompt = rng.randint(*burst.prompt_tokens)
-                    client = self._new(t, prompt, rng.randint(*burst.output_tokens))
-                    client.max_tokens = burst.output_tokens[1]
-                    out.append((t, client))
+                    output = rng.randint(*burst.output_tokens)
+                    out.append((t, self._new(t, prompt, output, burst.output_tokens[1])))
         for one in sc.traffic.requests:
             for t in _times(one, t0, t1):
-                out.append((t, self._new(t, one.prompt_tokens, one.output_tokens, one)))
+                client = self._new(t, one.prompt_tokens, one.output_tokens, one.output_tokens)
+                client.prompt_logprobs = one.prompt_logprobs
+                out.append((t, client))
         while self.retries and self.retries[0][0] < t1:
             t, _, client = heapq.heappop(self.retries)
             out.append((t, client))
@@ -109,13 +110,15 @@ class Arrivals:
         prompt = mix.prompt_median * math.exp(mix.prompt_sigma * rng.gauss(0.0, 1.0))
         output = rng.expovariate(1.0 / mix.output_mean)
         client = self._new(
-            t, int(min(mix.prompt_max, max(16, prompt))), int(min(mix.output_max, max(1, output)))
+            t,
+            int(min(mix.prompt_max, max(16, prompt))),
+            int(min(mix.output_max, max(1, output))),
+            mix.output_max,
         )
-        client.max_tokens = mix.output_max
         client.logprobs = rng.random() < mix.logprobs_share
         return client
 
-    def _new(self, t: float, prompt: int, output: int, one: OneOff | None = None) -> Client:
+    def _new(self, t: float, prompt: int, output: int, max_tokens: int) -> Client:
         rng, spec = self.rng, self.scenario.clients
         who = (f"203.0.113.{rng.randrange(2, 250)}", rng.choice(tr.AGENTS))
         client = Client(
@@ -123,8 +126,7 @@ class Arrivals:
             who,
             prompt,
             output,
-            max_tokens=output,
-            prompt_logprobs=one is not None and one.prompt_logprobs,
+            max_tokens=max_tokens,
             stream=rng.random() < spec.stream_share,
             max_retries=spec.max_retries,
             first_at=t,
