@@ -141,12 +141,15 @@ class NginxGatewaySettings(BaseModel):
     """A plain nginx in front of the model (``DETECTOR_CONTAINMENT__NGINX__CONF_PATH`` ...).
 
     When set, the ``enable_rate_limit`` step drives it (detector.actuators.nginx.limiter): the
-    two include files are written, checked with ``nginx -t`` and reloaded.
+    two include files are written, checked with ``nginx -t`` and reloaded. With
+    ``admission_include`` (included in the same ``location``), the ``quarantine_requests`` step
+    writes its admission rule there (``client_max_body_size``, 413 beyond).
     """
 
     conf_path: Path
     http_include: Path
     location_include: Path
+    admission_include: Path | None = None
     prefix: Path | None = None
     pid_file: Path | None = None
     error_log: Path | None = None

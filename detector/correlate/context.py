@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from detector.correlate.forecast import NextVictim
+from detector.correlate.requests import RequestEvidence
 from detector.events.model import Signal
 
 
@@ -18,7 +19,8 @@ class IncidentContext:
     include the engine_config / engine_pressure / gpu_memory signals of the workload's pods.
     ``next_victim`` is the latest next-victim forecast while the incident is suspected or
     cascading (:mod:`detector.correlate.forecast`: the pod, ``eta_s`` from ``fitted_at``);
-    None when no survivor is at risk.
+    None when no survivor is at risk. ``requests``: the request sizes at the gateway before
+    the first death and at each victim's (:mod:`detector.correlate.requests`).
     """
 
     key: str
@@ -32,3 +34,4 @@ class IncidentContext:
     pods_seen: tuple[str, ...] = ()
     signals: tuple[Signal, ...] = field(default_factory=tuple)
     next_victim: NextVictim | None = None
+    requests: RequestEvidence = field(default_factory=RequestEvidence)

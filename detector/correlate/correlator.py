@@ -20,7 +20,7 @@ from detector.correlate.forecast import (
     forecast,
     to_announce,
 )
-from detector.correlate.identity import WorkloadRef, WorkloadResolver
+from detector.correlate.identity import WorkloadRef, WorkloadResolver, host_of_address
 from detector.correlate.series import GPU_MEMORY, KV_CACHE, SeriesBook, SeriesPoint
 from detector.correlate.state import (
     Decision,
@@ -327,16 +327,24 @@ class Correlator:
     def _gpu_oom(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         self._note_engine(ws, sig)
         if not sig.attrs.get("ambiguous"):
-            return pattern.on_gpu_oom(ws, sig, self.cfg)
+            return self._victim(ws, sig, pattern.on_gpu_oom(ws, sig, self.cfg))
         # The line alone cannot decide: the workload's context must. It counts as a GPU OOM with
         # an open incident, memory pressure on the pod or a recent crash loop of it; otherwise
         # it waits in ``ws.ambiguous`` for the pod's crash loop to confirm it.
         pod = sig.pod or "?"
         recent = [c for c in ws.crash_loops if c.pod == pod and sig.time - c.time <= 60.0]
         if ws.incident is not None or ws.pressure_of(pod) is not None or recent:
-            return pattern.on_gpu_oom(ws, sig, self.cfg)
+            return self._victim(ws, sig, pattern.on_gpu_oom(ws, sig, self.cfg))
         ws.ambiguous[pod] = sig
         return []
+
+    def _victim(self, ws: WorkloadState, sig: Signal, out: list[Decision]) -> list[Decision]:
+        """Note a victim's death for the request sizes it held (``ws.sizes``); return ``out``."""
+        inc, pod = ws.incident, sig.pod
+        if inc is not None and pod and pod in inc.victims:
+            ip = self.resolver.ip_of(ws.ref.namespace, pod)
+            ws.sizes.died(pod, inc.victims[pod], ip)
+        return out
 
     def _engine_dead(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         inc = ws.incident
@@ -514,15 +522,47 @@ class Correlator:
         if count <= 0:
             return []
         self.series_book.add_responses(ws.ref, sig.time, status, count)
-        lb, cfg = ws.lb, self.cfg
         upstream_error = upstream_failed(
             attrs.get("upstream_status"), attrs.get("upstream_statuses")
         )
-        lb.add(sig.time, status, count, upstream_error)
+        ws.lb.add(sig.time, status, count, upstream_error)
+        held = self._sizes(ws, sig, status, upstream_error)
         client, proxy = attrs.get("client"), sig.pod
         if client is not None or proxy is not None:  # a sidecar's pod serves, it is no proxy
             ws.clients.add(sig.time, client, None if attrs.get("sidecar") else proxy, count)
         ws.last_lb = sig
+        return held + self._surge(ws, sig, status, upstream_error)
+
+    def _sizes(
+        self, ws: WorkloadState, sig: Signal, status: int, upstream_error: bool
+    ) -> list[Decision]:
+        """Record the line's request size (``ws.sizes``); attach each victim's largest request
+        so far as ``request_held`` evidence."""
+        sizes, size = ws.sizes, sig.attrs.get("request_bytes")
+        if isinstance(size, int) and 200 <= status < 400:
+            sizes.served(sig.time, size)
+        inc = ws.incident
+        if inc is None or not sizes.deaths:
+            return []
+        if not isinstance(size, int) or not (upstream_error or status in (500, 502)):
+            sizes.settle(sig.time)
+            return []
+        addr = sig.attrs.get("upstream_addr")
+        host = host_of_address(addr) if isinstance(addr, str) and addr else None
+        largest = sizes.failed(sig, size, host)
+        if largest is None:
+            return []
+        summary = (
+            f"pod {largest.pod} failed a request of {size / 1024:.1f} KiB as it died (status "
+            f"{status}): the largest of the {len(largest.sizes)} it held so far"
+        )
+        return pattern.attach(inc, "request_held", sig, summary, self.cfg)
+
+    def _surge(
+        self, ws: WorkloadState, sig: Signal, status: int, upstream_error: bool
+    ) -> list[Decision]:
+        """Start, sustain or end the workload's 5xx surge at this line."""
+        lb, cfg = ws.lb, self.cfg
         # the surge test counts gateway 502/503/504 and upstream 5xx (a dying engine's 500s)
         above = lb.fails(cfg.error_rate_per_s, cfg.error_ratio)
         if ws.errors_above_since is None:
@@ -642,6 +682,7 @@ def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:
         pods_seen=tuple(ws.pods),
         signals=tuple(signals),
         next_victim=inc.next_victim,
+        requests=ws.sizes.evidence(),
     )
 
 

@@ -103,6 +103,10 @@ class WorkloadResolver:
         if ip is not None and self._ips.get(ip) == key:
             del self._ips[ip]
 
+    def ip_of(self, namespace: str, pod: str) -> str | None:
+        """Return the pod's IP as its pod object last gave it, or None when unknown."""
+        return self._pod_ips.get((namespace, pod))
+
     def take_revision(self) -> tuple[str, WorkloadRef] | None:
         """Return and clear ``(pod, old workload)`` when a ``resolve`` revised a pod's workload."""
         revised, self.revised = self.revised, None

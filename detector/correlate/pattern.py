@@ -103,6 +103,7 @@ def open_incident(
     key = f"{ws.ref.label}@{int(time)}"
     inc = IncidentState(key=key, stage=Stage.SUSPECTED, opened_at=time, last_oom_at=time)
     ws.incident = inc
+    ws.sizes.reset()
     out: list[Decision] = [IncidentOpened(key, ws.ref, time)]
     out.append(StageChanged(key, Stage.SUSPECTED, time, reason))
     for sig in ws.engine_config.values():

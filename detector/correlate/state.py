@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from detector.correlate.forecast import NextVictim
 from detector.correlate.identity import WorkloadRef
+from detector.correlate.requests import RequestSizes
 from detector.correlate.windows import ClientStats, ClientWindow, RateWindow
 from detector.events.model import Signal, SourcePos
 
@@ -159,6 +160,7 @@ class WorkloadState:
     crash_causes: dict[str, Signal] = field(default_factory=dict)
     crash_verdict_at: float | None = None  # the last crash-cause verdict: one per episode
     resolved: deque[str] = field(default_factory=deque)  # keys of resolved incidents kept
+    sizes: RequestSizes = field(default_factory=RequestSizes)  # request sizes at the gateway
 
     def forget_idle(self, horizon: float) -> list[str]:
         """Forget the pods and GPUs last seen before ``horizon`` (event time); return the pods.

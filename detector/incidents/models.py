@@ -46,6 +46,7 @@ class EvidenceKind(StrEnum):
     HOST_OOM = "host_oom"
     POD_READY = "pod_ready"
     NEXT_VICTIM = "next_victim"  # a forecast: the survivor whose pressure reaches its ceiling next
+    REQUEST_HELD = "request_held"  # a request a victim failed as it died: the largest so far
 
 
 class TimelineKind(StrEnum):

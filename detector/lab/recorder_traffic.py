@@ -55,13 +55,14 @@ class Ingress:
     conn: int = 184_000
     warned: dict[str, float] = field(default_factory=dict)
     who: tuple[str, str] | None = None  # (client address, user agent) of a retrying client
+    length: int | None = None  # the next line's $request_length (None: drawn)
 
     def access(self, t: float, host: str, request: str, up: w.Upstream, out: Outcome) -> None:
         """Log one access line (stdout) and, on an upstream failure, its error line (stderr)."""
         rng = self.rec.rng
         client, agent = self.who or self._someone(request)
         post = request.startswith("POST")
-        length = rng.randrange(600, 9000) if post else rng.randrange(80, 400)
+        length = self.length or (rng.randrange(600, 9000) if post else rng.randrange(80, 400))
         line = w.ingress_access(
             self.rec.start + t,
             client,

@@ -3,7 +3,10 @@
 A runbook is an ordered list of steps. Each step names an action from a closed set, carries
 its parameters as Jinja2 template strings (rendered by :mod:`detector.runbooks.render` from the
 incident's variables), an approval policy, a verification, what to do when verification fails,
-a cooldown and the floors its computed values may never go under.
+a cooldown and the floors its computed values may never go under. ``when`` names the failure
+mechanisms a step answers (:mod:`detector.runbooks.mechanism`); a step whose turn comes under
+another mechanism is passed over (``not_needed``, outcome ``skipped``) and the next one's
+turn comes.
 
 Approval policy: ``policy: auto`` applies a step as soon as its turn comes; ``policy: approval``
 waits for a person on the approver allow-list (``approval: approver:<group>`` names who is
@@ -16,9 +19,11 @@ disruptive actions, those that restart pods (a rollout of new ceilings, staggere
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from detector.runbooks.mechanism import Mechanism
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,6 +35,7 @@ APPROVAL_PATTERN = r"^(auto|approver:[A-Za-z0-9][A-Za-z0-9._-]*)$"
 class Action(StrEnum):
     """What a step does; the closed set of actions the actuators implement."""
 
+    QUARANTINE_REQUESTS = "quarantine_requests"  # gateway admission rule: 413 over a size
     LOWER_BATCH_CEILING = "lower_batch_ceiling"  # patch engine args/env, one pod at a time
     ENABLE_RATE_LIMIT = "enable_rate_limit"  # gateway 429 backpressure
     STAGGER_RESTARTS = "stagger_restarts"  # evict crashed pods one at a time
@@ -60,6 +66,7 @@ class Policy(StrEnum):
 
 # Disruptive actions (they restart pods) wait for a person unless the runbook says otherwise.
 DEFAULT_POLICY: dict[str, Policy] = {
+    Action.QUARANTINE_REQUESTS.value: Policy.AUTO,  # refuses one request class, lifted at once
     Action.LOWER_BATCH_CEILING.value: Policy.APPROVAL,  # a rollout restarts every pod
     Action.ENABLE_RATE_LIMIT.value: Policy.AUTO,  # restarts nothing, lifted step by step
     Action.STAGGER_RESTARTS.value: Policy.APPROVAL,  # restarts pods
@@ -101,7 +108,9 @@ class Floors(BaseModel):
 
 
 class Lift(BaseModel):
-    """How a temporary measure is lifted once the incident is resolved.
+    """How a temporary measure is lifted once the incident is resolved (or, with ``after:
+    contained``, once it is contained: a limit sized for the capacity left follows the pods
+    coming back).
 
     Every ``interval_s`` the integer ``params`` are multiplied by ``factor`` and applied
     again; after ``max_steps`` relaxations, or once the first param reaches the value of the
@@ -114,8 +123,9 @@ class Lift(BaseModel):
     params: tuple[Identifier, ...] = Field(min_length=1)
     factor: Annotated[float, Field(strict=False, gt=1)] = 2.0
     interval_s: Annotated[float, Field(strict=False, gt=0)]
-    max_steps: Annotated[int, Field(strict=True, ge=1)] = 4
+    max_steps: Annotated[int, Field(strict=True, ge=0)] = 4  # 0: removed at once
     until: Identifier | None = None
+    after: Literal["contained", "resolved"] = "resolved"
 
 
 class Step(BaseModel):
@@ -136,6 +146,7 @@ class Step(BaseModel):
     cooldown_s: Seconds
     floors: Floors = Floors()
     lift: Lift | None = None
+    when: tuple[Mechanism, ...] | None = None  # the mechanisms it answers (None: any)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,9 @@
   starts cascading and re-plans it when a victim is added (what was applied or approved
   stays as it was planned then); with ``predictive`` on, it plans the gateway limit alone at
   ``suspected`` when the next victim comes before a restarted pod can serve again
-  (:mod:`detector.runbooks.predictive`), and the cascading plan adds the other steps;
+  (:mod:`detector.runbooks.predictive`), and the cascading plan adds the other steps; the
+  quarantine of a poison request class is planned alone at ``suspected`` likewise, whenever
+  the evidence shows one (:mod:`detector.runbooks.mechanism`);
 - ``ContainmentFlows.advance(incident, ctx, now, ...)`` makes every step move due at event
   time ``now`` (:mod:`detector.runbooks.runner`);
 - ``decide(request, ...)`` is the one decide flow of people: approve or deny a step, arm or
@@ -32,6 +34,7 @@ from detector.runbooks import approvals, controls
 from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.definition import Action, Runbook
+from detector.runbooks.mechanism import Mechanism, diagnose
 from detector.runbooks.models import Control, RunbookRun, RunbookStep, StepApproval
 from detector.runbooks.planner import plan
 from detector.runbooks.predictive import DEFAULT_RESTART_READY_S, early_limit
@@ -105,14 +108,38 @@ class ContainmentFlows:
             self.plan(incident, ctx, d.time, session=session, only=early)
             message = f"runbook re-planned for {d.position} victims"
             note(session, incident, d.time, "step", message, f"replan:{d.position}")
-        elif run is None and self.predictive:
-            self._limit_early(incident, ctx, decision_time(d), session=session)
+        elif run is None:
+            early_at = decision_time(d)
+            if not self._quarantine_early(incident, ctx, early_at, session=session) and (
+                self.predictive
+            ):
+                self._limit_early(incident, ctx, early_at, session=session)
 
     def _planned_early(self, run: RunbookRun) -> frozenset[int] | None:
         """Return the positions of a run planned early (only some of the runbook's steps
         stored); None for a run planned whole."""
         positions = frozenset(row.position for row in run.steps)
         return None if len(positions) >= len(self.runbook.steps) else positions
+
+    def _quarantine_early(
+        self, incident: Incident, ctx: IncidentContext, time: float, *, session: Session
+    ) -> bool:
+        """Plan the runbook's quarantine alone, before the cascade, once the evidence shows a
+        request class that kills the pods (:func:`detector.runbooks.mechanism.diagnose`): the
+        client retries a poison request within a second, so it would kill the next pod before
+        a second death makes the incident cascading. Returns whether it was planned; the step
+        machine then takes it as any first step (policy, dry-run, arming, kill switch)."""
+        positions = frozenset(
+            position
+            for position, step in enumerate(self.runbook.steps, start=1)
+            if step.action is Action.QUARANTINE_REQUESTS
+        )
+        if not positions or (found := diagnose(ctx)).mechanism is not Mechanism.OVERSIZED:
+            return False
+        self.plan(incident, ctx, time, session=session, only=positions)
+        why = f"quarantine planned at the first victim: {found.evidence}"
+        note(session, incident, time, "step", why, "early:quarantine")
+        return True
 
     def _limit_early(
         self, incident: Incident, ctx: IncidentContext, time: float, *, session: Session

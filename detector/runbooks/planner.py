@@ -19,6 +19,7 @@ from detector.correlate.pattern import ENGINE_UP_KEYS
 from detector.events.model import Signal, SignalKind
 from detector.incidents.questions import engine_config
 from detector.runbooks.definition import Action, Floors, Lift, OnFailure, Runbook, Step, Verify
+from detector.runbooks.mechanism import diagnose
 from detector.runbooks.rate_limits import GatewayLimits, Traffic, gateway_limits, traffic_before
 from detector.runbooks.render import render_step
 
@@ -57,6 +58,7 @@ class PlannedStep:
     approval_expiry_s: float = 600.0
     lift: Lift | None = None
     floors: Floors = DEFAULT_FLOORS
+    when: tuple[str, ...] = ()  # the mechanisms the step answers (empty: any)
 
 
 def _merge_floors(floors: Floors | None) -> Floors:
@@ -90,6 +92,7 @@ def planned_step(
         approval_expiry_s=step.approval_expiry_s,
         lift=step.lift,
         floors=_merge_floors(runbook.floors()),
+        when=tuple(step.when or ()),
     )
 
 
@@ -319,7 +322,10 @@ def build_variables(
     replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
     clients seen), rate_limit_basis, ingress_name, upstream, restart_order (crashed_pods then
     healthy_restarts, see ``restart_plan``), restart_order_basis, spacing_s, model_load_s,
-    spacing_basis, gateway (the configured 429 gateway, "" when none). Rates are per second.
+    spacing_basis, gateway (the configured 429 gateway, "" when none), and the failure
+    mechanism (``detector.runbooks.mechanism.diagnose``): mechanism, mechanism_evidence,
+    max_body_bytes and refused_share (the quarantine's bound and what it refuses),
+    evidence_until, class_victims. Rates are per second.
     """
     floors = _merge_floors(floors)
     victims = list(ctx.victims)
@@ -341,7 +347,14 @@ def build_variables(
     )
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
+    diagnosis = diagnose(ctx)
     return {
+        "mechanism": diagnosis.mechanism.value,
+        "mechanism_evidence": diagnosis.evidence,
+        "max_body_bytes": diagnosis.max_body_bytes,
+        "refused_share": diagnosis.refused_share,
+        "evidence_until": diagnosis.evidence_until,
+        "class_victims": list(diagnosis.class_victims),
         "gateway": gateway or "",
         "namespace": ctx.namespace,
         "workload": ctx.workload,
@@ -408,6 +421,7 @@ def _limit_variables(limits: GatewayLimits) -> dict[str, Any]:
 
 
 _BASIS_KEY = {
+    Action.QUARANTINE_REQUESTS: "mechanism_evidence",
     Action.LOWER_BATCH_CEILING: "ceiling_basis",
     Action.ENABLE_RATE_LIMIT: "rate_limit_basis",
     Action.STAGGER_RESTARTS: "spacing_basis",
@@ -448,6 +462,7 @@ def plan(
             approval_expiry_s=step.approval_expiry_s,
             lift=step.lift,
             floors=floors,
+            when=tuple(step.when or ()),
         )
         for position, step in enumerate(runbook.steps, start=1)
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -224,7 +224,7 @@ def advance(
     rows = {row.position: row for row in run.steps}
     stored = records_of(run)
     records = {step.step_id: stored[step.position] for step in steps}
-    current = _current(runbook, ctx, records.values(), containment)
+    current = _current(runbook, ctx, records, containment)
     made = 0
     for _ in range(MAX_MOVES):
         cond = _conditions(session, incident, runbook, ctx, now, containment, current)
@@ -238,7 +238,10 @@ def advance(
         row = rows[t.step.position]
         if t.replan is not None:
             run_service.set_step_params(session=session, step=row, params=t.replan, time=now)
-            steps = [replace(s, params=dict(t.replan)) if s is t.step else s for s in steps]
+            steps = [
+                replace(s, params=dict(t.replan)) if s.step_id == t.step.step_id else s
+                for s in steps
+            ]
         _store(session, incident, row, t, now)
         records[t.step.step_id] = t.record
         made += 1
@@ -251,12 +254,20 @@ _READS_NOW = frozenset(
 
 
 def _current(
-    runbook: Runbook, ctx: IncidentContext, records: Iterable[StepRecord], c: Containment
+    runbook: Runbook, ctx: IncidentContext, records: Mapping[str, StepRecord], c: Containment
 ) -> dict[str, PlannedStep]:
-    """Plan the steps from the evidence of now, when a step still to act will read it."""
-    if not any(StepState(rec.state) in _READS_NOW for rec in records):
+    """Plan the steps from the evidence of now, when a step still to act will read it (an
+    applied quarantine too: it follows the request class, ``transitions._resize``)."""
+    if not any(_reads_now(runbook.step(sid).action, rec) for sid, rec in records.items()):
         return {}
     return {s.step_id: s for s in plan(runbook, ctx, dry_run=c.dry_run, gateway=c.gateway)}
+
+
+def _reads_now(action: Action, rec: StepRecord) -> bool:
+    state = StepState(rec.state)
+    return state in _READS_NOW or (
+        action is Action.QUARANTINE_REQUESTS and state in (StepState.VERIFYING, StepState.VERIFIED)
+    )
 
 
 _PENDING_MOVES = {Move.EXPIRED: "expired", Move.WITHDRAWN: "withdrawn"}

@@ -30,13 +30,14 @@ from enum import StrEnum
 from typing import Any
 
 from detector.actuators.base import ActionResult, Status
-from detector.runbooks.definition import Action, OnFailure
+from detector.runbooks.definition import Action, Lift, OnFailure
 from detector.runbooks.health import Health, evaluate, hms, spread
 from detector.runbooks.planner import PlannedStep
 from detector.runbooks.steps import Approval, StepRecord, StepState
 
 ENGINE_ACTOR = "detector"
 CALM_STAGES = ("contained", "resolved")
+PASS_TURN = frozenset({"failed", "skipped"})  # outcomes that give the next step its turn
 FLOOR_PARAMS = {  # param -> the Floors field it may never go under
     "new_ceiling": "batch_ceiling",
     "limit_rps": "rate_limit_rps",
@@ -62,12 +63,15 @@ class Move(StrEnum):
     ESCALATE = "escalated"
     ROLLBACK = "rolled_back"
     LIFT = "lifted"
+    RESIZE = "resized"  # an applied quarantine follows the class the evidence shows now
     REMOVE = "removed"
     WITHDRAWN = "withdrawn"
     REREQUEST = "approval_re_requested"
 
 
-ACTUATOR_MOVES = frozenset({Move.APPLY, Move.RESTART, Move.ROLLBACK, Move.LIFT, Move.REMOVE})
+ACTUATOR_MOVES = frozenset(
+    {Move.APPLY, Move.RESTART, Move.ROLLBACK, Move.LIFT, Move.RESIZE, Move.REMOVE}
+)
 REVERT_MOVES = frozenset({Move.ROLLBACK, Move.REMOVE})  # revert the first apply's plan
 COUNTED_MOVES = frozenset({Move.APPLY, Move.RESTART})  # count against the hourly cap
 _VERDICTS = frozenset({Move.VERIFIED, Move.ESCALATE, Move.ROLLBACK})
@@ -210,7 +214,7 @@ def _step_move(
     if state is StepState.VERIFIED and (resumed := _resumed(step, rec, cond)) is not None:
         return resumed
     lifting = state in (StepState.VERIFIED, StepState.ESCALATED, StepState.LIFTING)
-    if lifting and rec.in_place and step.lift is not None and cond.health.stage == "resolved":
+    if lifting and rec.in_place and step.lift is not None and _may_lift(step.lift, cond):
         return _lift(step, rec, cond)
     return None
 
@@ -230,6 +234,10 @@ def _resumed(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition
     oom = cond.health.last_oom
     if cond.health.stage != "cascading" or oom is None or oom[0] <= verified_at:
         return None
+    if step.action is Action.QUARANTINE_REQUESTS:
+        rest, due = _unexplained(step, [oom[1]], cond)
+        if due or not rest:
+            return None  # it held the class (admitted before the rule), or its requests are due
     why = (
         f"the cascade resumed after the verification at {hms(verified_at)}: GPU OOM in pod "
         f"{oom[1]} at {hms(oom[0])}; next step"
@@ -244,7 +252,7 @@ def _turn(
     now, not_needed = cond.now, _to(StepState.NOT_NEEDED, "not_needed")
     if prev is not None and prev.outcome is None:
         return None  # the step before is still in play
-    if prev is not None and prev.outcome != "failed":
+    if prev is not None and prev.outcome not in PASS_TURN:
         why = (
             _PREVIOUS_WORKED
             if prev.state != StepState.WITHDRAWN.value
@@ -255,13 +263,27 @@ def _turn(
         why = f"the incident was {cond.health.stage} before its turn"
         return _t(step, Move.NOT_NEEDED, rec, now, why, not_needed)
     step = current_step(step, cond)
+    if step.when:
+        mechanism = step.params.get("mechanism", "")
+        wait = _number(step.params.get("evidence_until"))
+        if mechanism == "undetermined" and wait is not None and now < wait:
+            return None  # the victims' requests come just after their death
+        if mechanism not in step.when:
+            why = (
+                f"not for this mechanism: {mechanism or 'unknown'} (the step answers "
+                f"{', '.join(step.when)}); {step.params.get('mechanism_evidence', '')}"
+            )
+            return _t(step, Move.NOT_NEEDED, rec, now, why.rstrip("; "),
+                      _to(StepState.NOT_NEEDED, "skipped"))  # fmt: skip
     if (withdrawn := _precondition_gone(step, cond)) is not None:
         update = _to(StepState.NOT_NEEDED, "not_needed")
         return _t(step, Move.NOT_NEEDED, rec, now, withdrawn, update)
     if step.policy == "auto":
         approval = {"status": "approved", "by": "policy:auto", "via": "policy", "at": now}
         update = _to(StepState.APPROVED, approval=approval)
-        return _t(step, Move.AUTO_APPROVE, rec, now, "policy auto", update)
+        # a quarantine acts on the request class of now, whatever was planned before
+        replan = dict(step.params) if step.action is Action.QUARANTINE_REQUESTS else None
+        return _t(step, Move.AUTO_APPROVE, rec, now, "policy auto", update, replan=replan)
     return _request(step, rec, now, Move.REQUEST_APPROVAL, "asks")
 
 
@@ -279,6 +301,7 @@ def _request(step: PlannedStep, rec: StepRecord, now: float, move: Move, verb: s
 
 
 TARGET_PARAMS = {  # the params that say what a step changes: a change of them is a new plan
+    Action.QUARANTINE_REQUESTS: ("ingress", "max_body_bytes"),
     Action.STAGGER_RESTARTS: ("pods", "method", "spacing_s"),
     Action.LOWER_BATCH_CEILING: ("workload", "settings", "set_via"),
     Action.ENABLE_RATE_LIMIT: ("ingress", "limit_rps", "limit_connections"),
@@ -322,6 +345,12 @@ def plan_text(step: PlannedStep) -> str:
         )
     if step.action is Action.LOWER_BATCH_CEILING:
         return f"{p.get('current_settings', '?')} -> {p.get('settings', '?')}"
+    if step.action is Action.QUARANTINE_REQUESTS:
+        return (
+            f"refuse requests over {p.get('max_body_bytes')} bytes at the gateway with "
+            f"{p.get('status_code', '413')} (mechanism {p.get('mechanism')}; "
+            f"{p.get('refused_share_text', '')})"
+        )
     if p.get("aggregate_budget_rps") is not None:  # the containment figure, for all clients
         return (
             f"shed load over the healthy capacity left: {p.get('aggregate_budget_rps')}/s and "
@@ -527,13 +556,59 @@ def _rest_recovered(
     return _t(step, Move.WITHDRAWN, rec, cond.now, why, update, key="withdrawn:rest")
 
 
+def _resize(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    """Re-size an applied quarantine to the request class the evidence shows now.
+
+    The gateway logs the requests a victim held one by one, and a later victim may hold
+    another class: the bound follows the diagnosis while the step is verified, in either
+    direction (only while the mechanism is still a request class).
+    """
+    if step.action is not Action.QUARANTINE_REQUESTS or rec.mode is None:
+        return None
+    fresh, applied = current_step(step, cond).params, dict(rec.params or step.params)
+    size, old = fresh.get("max_body_bytes"), applied.get("max_body_bytes")
+    if fresh.get("mechanism") != "oversized_requests" or _number(size) is None or size == old:
+        return None
+    keys = ("max_body_bytes", "refused_share_text", "annotations", "mechanism_evidence", "basis")
+    params = {**applied, **{k: fresh[k] for k in keys if k in fresh}}
+    why = f"max_body_bytes {old} -> {size}: {fresh.get('mechanism_evidence', '')}"
+    return _t(step, Move.RESIZE, rec, cond.now, why, key=f"resize:{size}", params=params,
+              live=rec.mode == "live")  # fmt: skip
+
+
+def _unexplained(step: PlannedStep, victims: list[str], cond: Conditions) -> tuple[list[str], bool]:
+    """Return (the victims a quarantine does not explain, whether evidence is still due).
+
+    A victim that held the request class (``class_victims`` of the plan of now) died of a
+    request admitted before the rule: no sign that the rule fails. While a victim's requests
+    are not in yet (``evidence_until``), the verdict waits.
+    """
+    fresh = current_step(step, cond).params
+    due = _number(fresh.get("evidence_until"))
+    pending = due is not None and cond.now < due
+    if fresh.get("mechanism") != "oversized_requests":
+        return victims, pending
+    try:
+        held = set(json.loads(fresh.get("class_victims") or "[]"))
+    except ValueError:
+        held = set()
+    rest = [p for p in victims if p not in held]
+    return rest, bool(rest) and pending
+
+
 def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    if (resized := _resize(step, rec, cond)) is not None:
+        return resized
     now, h = cond.now, cond.health
     base = Health.from_record(rec.baseline or {"time": rec.applied_at or now, "stage": h.stage})
     touched = [str(r["pod"]) for r in rec.restarts] or list(base.victims)
     wanted = [c.value for c in step.verify.checks]
     checks = [asdict(c) for c in evaluate(wanted, base, h, pods=touched)]
     new = spread(base, h) if "ooms_stop" in wanted else []
+    if new and step.action is Action.QUARANTINE_REQUESTS:
+        new, pending = _unexplained(step, new, cond)
+        if pending:
+            return None  # a victim's requests are not in yet: they may show the class
     after = "after the apply" if rec.mode == "live" else "afterwards"
     if h.stage in CALM_STAGES:
         passed, why = True, f"the incident is {h.stage}: no new GPU OOM, 5xx under threshold"
@@ -558,6 +633,12 @@ def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition 
         return _t(step, Move.ROLLBACK, rec, now, f"verification failed: {why}", update, live=live)
     update = _to(StepState.ESCALATED, "failed", verification=verification)
     return _t(step, Move.ESCALATE, rec, now, f"verification failed: {why}; next step", update)
+
+
+def _may_lift(lift: Lift, cond: Conditions) -> bool:
+    """Return whether the incident is calm enough for ``lift`` (its ``after`` stage)."""
+    stage = cond.health.stage
+    return stage == "resolved" or (lift.after == "contained" and stage == "contained")
 
 
 def _lift(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
@@ -643,6 +724,8 @@ def settle(t: Transition, result: ActionResult, plan: dict[str, Any] | None) -> 
         reason = f"{reason}; verify by {hms(deadline)}"
     elif t.move is Move.ROLLBACK:
         new = replace(new, in_place=False, **_to(StepState.ROLLED_BACK, "failed"))
+    elif t.move is Move.RESIZE:
+        new = replace(new, params=dict(t.params or {}))
     elif t.move is Move.LIFT:
         new = replace(
             new, state=StepState.LIFTING.value, lift_level=rec.lift_level + 1, lift_at=now

@@ -231,8 +231,13 @@ def _flags(kind: str, args: dict[str, int]) -> list[str]:
 def _describe(limit: GatewayLimit | None) -> str:
     if limit is None:
         return "no limit"
-    conn = f", limit_conn {limit.connections}" if limit.connections is not None else ""
-    return f"limit_req {limit.rps:g} r/s burst {limit.burst}{conn}"
+    parts = []
+    if limit.rps is not None:
+        conn = f", limit_conn {limit.connections}" if limit.connections is not None else ""
+        parts.append(f"limit_req {limit.rps:g} r/s burst {limit.burst}{conn}")
+    if limit.max_body_bytes is not None:
+        parts.append(f"client_max_body_size {limit.max_body_bytes} bytes")
+    return "; ".join(parts)
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:

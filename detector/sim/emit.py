@@ -254,9 +254,12 @@ def access(
     tried: list[tuple[str, str]],
     upstream: str,
     host: str,
+    *,
+    length: int | None = None,
 ) -> None:
     """Log one ingress-nginx access line (and its error line for an upstream failure).
 
+    ``length``: the request's ``$request_length`` in bytes (None: a typical one is drawn).
     ``answer``: (status, request seconds, nginx error text or ""); ``tried``: (pod address,
     upstream status) per upstream tried, empty when nginx answered itself (503 without
     endpoints, 429 from the rate limit).
@@ -267,9 +270,9 @@ def access(
         body = lb.rec.rng.randrange(600, 6000)
     out = tr.Outcome(status, body, seconds, error)
     up = tr.upstream_fields(upstream, tried, out) if tried else w.Upstream(upstream)
-    lb.who = who
+    lb.who, lb.length = who, length
     lb.access(t, host, REQUEST, up, out)
-    lb.who = None
+    lb.who = lb.length = None
 
 
 _BODY = {400: 220, 429: 166, 502: 150, 503: 190, 504: 160}

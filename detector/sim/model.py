@@ -17,7 +17,8 @@ killed container, SGLang's process tree, a plain server); 502 for a connection r
 pod that died less than ``endpoint_lag_s`` ago when no other endpoint is left (otherwise nginx
 tries the next one); after ``upstream_timeout_s`` without a byte, 504 (no headers yet) or a
 cut stream whose first token never came; 499 when the client's own timeout comes first; 400
-for a prompt over ``max-model-len``; 429 from the gateway limit. Every answer goes back to its
+for a prompt over ``max-model-len``; 429 from the gateway's rate limit, 413 from its body-size
+limit. Every answer goes back to its
 client (``Arrivals.answered``), which retries or ends there.
 
 The actuation methods (``set_deployment_args``, ``evict``, ``set_gateway_limit``) act at
@@ -37,7 +38,14 @@ from detector.sim.engine import Sequence
 from detector.sim.outcome import Outcome
 from detector.sim.pods import Fleet, SimPod, State, Template
 from detector.sim.scenario import Scenario
-from detector.sim.traffic import Arrivals, Balancer, Client, Gateway, GatewayLimit
+from detector.sim.traffic import (
+    Arrivals,
+    Balancer,
+    Client,
+    Gateway,
+    GatewayLimit,
+    request_bytes,
+)
 
 STATS_EVERY_S = 10.0  # vLLM's stats line
 GAUGES_EVERY_S = 15.0  # Prometheus scrape of vLLM
@@ -231,6 +239,9 @@ class Endpoint:
         self._turn += 1
         client.via = self._turn % len(self.gateways)
         gateway = self.gateways[client.via]
+        if not gateway.admits(request_bytes(client)):
+            self._answer(t, client, t, 413, [])
+            return
         if not gateway.allow(t):
             self._answer(t, client, t, 429, [])
             return
@@ -279,7 +290,8 @@ class Endpoint:
         """Log nginx's answer to one attempt, count it, and hand it back to its client."""
         answer = (status, max(0.0, t - sent), error)
         lb = self.lbs[client.via]
-        emit.access(lb, t, client.who, answer, tried, self.upstream, self.scenario.balancer.host)
+        where = (self.upstream, self.scenario.balancer.host)
+        emit.access(lb, t, client.who, answer, tried, *where, length=request_bytes(client))
         if status == 429:
             self.outcome.attempts_429 += 1
         elif status >= 500:

@@ -167,15 +167,31 @@ def _times(one: OneOff, t0: float, t1: float) -> list[float]:
     return out
 
 
+def request_bytes(client: Client) -> int:
+    """Return an attempt's ``$request_length`` in bytes: request line, headers and JSON body.
+
+    About 4 bytes of prompt text per token (OpenAI's rule of thumb for English: "one token
+    generally corresponds to ~4 characters", https://platform.openai.com/tokenizer) plus
+    ``REQUEST_OVERHEAD_BYTES`` of request line, headers and the body's other fields.
+    """
+    return BYTES_PER_TOKEN * client.prompt + REQUEST_OVERHEAD_BYTES
+
+
+BYTES_PER_TOKEN = 4
+REQUEST_OVERHEAD_BYTES = 700
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayLimit:
-    """An aggregate gateway limit as nginx enforces it: ``limit_req`` at ``rps`` with ``burst``
-    requests above the rate served at once (``nodelay``), and ``limit_conn`` at
-    ``connections`` requests in progress (None: no concurrency limit); 429 beyond either."""
+    """What the gateway's include files put in force, as nginx enforces it: ``limit_req`` at
+    ``rps`` with ``burst`` requests above the rate served at once (``nodelay``), and
+    ``limit_conn`` at ``connections`` requests in progress (None: no such limit), 429 beyond
+    either; ``client_max_body_size`` at ``max_body_bytes`` (None: none), 413 beyond it."""
 
-    rps: float
+    rps: float | None = None
     burst: int = 0
     connections: int | None = None
+    max_body_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -200,6 +216,16 @@ class Gateway:
         """Set (or lift, with None) the limit at ``t``; the key starts with no state."""
         self.limit, self.excess, self.last = limit, 0.0, None
 
+    def admits(self, length: int) -> bool:
+        """Return whether a request of ``length`` bytes passes ``client_max_body_size``.
+
+        nginx compares the Content-Length with it while it finds the location, before the
+        ``limit_req`` phase, and answers 413 at once
+        (https://nginx.org/en/docs/http/ngx_http_core_module.html#client_max_body_size).
+        """
+        limit = self.limit
+        return limit is None or limit.max_body_bytes is None or length <= limit.max_body_bytes
+
     def allow(self, t: float) -> bool:
         """Return whether a request at ``t`` passes, False for a 429 (a 429 changes nothing).
 
@@ -207,7 +233,7 @@ class Gateway:
         at least 0; over ``burst`` is rejected.
         """
         limit = self.limit
-        if limit is None:
+        if limit is None or limit.rps is None:
             return True
         if limit.connections is not None and self.in_progress >= limit.connections:
             return False

@@ -149,8 +149,8 @@ def test_the_gateway_limit_goes_on_at_suspected_then_the_cascade_plans_the_rest(
     flows, inc = ContainmentFlows(RUNBOOK, predictive=True), open_incident(session)
     suspected = context("suspected", "a", eta_s=20.0)
     step(flows, session, inc, announced(suspected), suspected)
-    assert planned(session, inc) == [2]
-    assert states(session, inc) == {2: "verifying"}  # applied (dry-run), verify by deadline
+    assert planned(session, inc) == [3]
+    assert states(session, inc) == {3: "verifying"}  # applied (dry-run), verify by deadline
     assert actions(session) == [("enable_rate_limit", "applied")]
     why = [m for m in timeline(session, inc) if m.startswith("predictive:")]
     assert why == [
@@ -170,11 +170,12 @@ def test_the_gateway_limit_goes_on_at_suspected_then_the_cascade_plans_the_rest(
     assert actions(session) == [("enable_rate_limit", "applied")]
     # b dies: the cascade plans the other steps; the gateway limit is kept, not applied again
     cascading = cascade(flows, session, inc)
-    assert planned(session, inc) == [1, 2, 3]
+    assert planned(session, inc) == [1, 2, 3, 4]
     got = states(session, inc)
-    assert got[1] == "verifying"  # the batch ceiling: its turn as the first step
-    assert got[2] == "escalated"  # the limit did not stop the cascade: the next step's turn
-    assert got[3] == "awaiting_approval"
+    assert got[1] == "not_needed"  # the quarantine: no request class in the evidence
+    assert got[2] == "verifying"  # the batch ceiling: mechanism undetermined, its turn
+    assert got[3] == "escalated"  # the limit did not stop the cascade: the next step's turn
+    assert got[4] == "awaiting_approval"
     # a later victim re-plans: still one apply of each, nothing undone
     later = context("cascading", "a", "b", "c", eta_s=None, at=60.0)
     step(flows, session, inc, VictimAdded(KEY, "c", T0 + 60, 3), later)
@@ -192,9 +193,9 @@ def test_without_the_option_nothing_happens_until_cascading(session: Session) ->
     assert planned(session, inc) == []
     assert actions(session) == []
     cascade(flows, session, inc)
-    assert planned(session, inc) == [1, 2, 3]
+    assert planned(session, inc) == [1, 2, 3, 4]
     assert actions(session) == [("lower_batch_ceiling", "applied")]
-    assert states(session, inc)[2] == "planned"  # its turn comes when step 1 fails
+    assert states(session, inc)[3] == "planned"  # its turn comes when step 2 fails
 
 
 @pytest.mark.parametrize(
@@ -221,7 +222,7 @@ def test_the_rails_still_hold_the_early_limit(session: Session) -> None:
     inc = open_incident(session)
     suspected = context("suspected", "a", eta_s=20.0)
     step(flows, session, inc, announced(suspected), suspected)
-    assert planned(session, inc) == [2]
+    assert planned(session, inc) == [3]
     assert actions(session) == []  # planned and approved by policy, blocked by the switch
     assert any("kill_switch" in m for m in timeline(session, inc))
 

@@ -10,6 +10,7 @@ from detector.correlate.context import IncidentContext
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.runbooks.definition import Action
 from detector.runbooks.loader import default_runbook_path, load_runbook, runbooks_dir
+from detector.runbooks.mechanism import Mechanism
 from detector.runbooks.planner import build_variables, plan
 from detector.runbooks.render import render_step
 
@@ -67,13 +68,19 @@ def test_gpu_oom_cascade_runbook_content() -> None:
     runbook = load_runbook(default_runbook_path())
     assert runbook.version >= 1
     assert [s.id for s in runbook.steps] == [
+        "quarantine_requests",
         "lower_batch_ceiling",
         "enable_rate_limit",
         "stagger_restarts",
     ]
     assert [s.action for s in runbook.steps] == list(Action)
     auto = [s.approver is None for s in runbook.steps]
-    assert auto == [True, True, False]  # restarts need a named approver
+    assert auto == [True, True, True, False]  # restarts need a named approver
+    # each step answers the mechanisms it can stop; restarts answer any
+    assert runbook.step("quarantine_requests").when == (Mechanism.OVERSIZED,)
+    assert Mechanism.LOAD not in (runbook.step("lower_batch_ceiling").when or ())
+    assert runbook.step("enable_rate_limit").when is None
+    assert runbook.step("stagger_restarts").when is None
     assert {g.id for g in runbook.remediation} == {"paged_kv_cache", "admission_rules"}
     assert {g.id for g in runbook.prevention} == {
         "autoscale_on_vram_and_queue",
@@ -88,7 +95,10 @@ def test_gpu_oom_cascade_runbook_content() -> None:
 
 def test_gpu_oom_cascade_runbook_policy_and_lift() -> None:
     runbook = load_runbook(default_runbook_path())
-    assert [s.policy.value for s in runbook.steps] == ["auto", "auto", "approval"]
+    assert [s.policy.value for s in runbook.steps] == ["auto", "auto", "auto", "approval"]
+    quarantine = runbook.step("quarantine_requests").lift
+    assert quarantine is not None and quarantine.max_steps == 0  # removed whole at resolved
+    assert runbook.step("enable_rate_limit").lift.after == "contained"  # type: ignore[union-attr]
     assert runbook.step("stagger_restarts").approval_expiry_s > 0
     lift = runbook.step("enable_rate_limit").lift
     assert lift is not None and lift.params == ("limit_rps", "limit_connections")

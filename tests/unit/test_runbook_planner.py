@@ -231,23 +231,26 @@ def test_plan_table(
 def test_plan_shape_and_dry_run_status(runbook: Runbook) -> None:
     ctx = incident(VLLM_CONFIG, *OOMS, *TRAFFIC)
     steps = plan(runbook, ctx)
-    assert [p.position for p in steps] == [1, 2, 3]
+    assert [p.position for p in steps] == [1, 2, 3, 4]
     assert [p.action for p in steps] == [
+        Action.QUARANTINE_REQUESTS,
         Action.LOWER_BATCH_CEILING,
         Action.ENABLE_RATE_LIMIT,
         Action.STAGGER_RESTARTS,
     ]
     assert {p.status for p in steps} == {"dry_run"}
-    assert [p.approval for p in steps] == ["auto", "auto", "approver:sre-oncall"]
+    assert [p.approval for p in steps] == ["auto", "auto", "auto", "approver:sre-oncall"]
     assert all(p.basis and p.params and p.verify.checks for p in steps)
-    assert "434,560" in steps[0].basis
-    assert "serving 2 (healthy 2, at least the first one back) / seen 4" in steps[1].basis
-    assert "95.2 s" in steps[2].basis
+    assert "no request a victim held is known" in steps[0].basis  # no sizes: undetermined
+    assert "434,560" in steps[1].basis
+    assert "serving 2 (healthy 2, at least the first one back) / seen 4" in steps[2].basis
+    assert "95.2 s" in steps[3].basis
+    assert {p.params["mechanism"] for p in steps} == {"undetermined"}
 
 
 def test_live_plan_waits_for_approval_where_the_policy_says(runbook: Runbook) -> None:
     steps = plan(runbook, incident(*OOMS), dry_run=False)
-    assert [p.status for p in steps] == ["planned", "planned", "awaiting_approval"]
+    assert [p.status for p in steps] == ["planned", "planned", "planned", "awaiting_approval"]
 
 
 def test_plan_is_pure(runbook: Runbook) -> None:
@@ -438,7 +441,7 @@ def test_spacing_follows_the_measured_load_time(runbook: Runbook) -> None:
 
 def test_planned_steps_carry_policy_expiry_and_lift(runbook: Runbook) -> None:
     steps = {p.step_id: p for p in plan(runbook, incident(*OOMS))}
-    assert [s.policy for s in steps.values()] == ["auto", "auto", "approval"]
+    assert [s.policy for s in steps.values()] == ["auto", "auto", "auto", "approval"]
     assert steps["stagger_restarts"].approval_expiry_s == 600
     assert steps["enable_rate_limit"].lift is not None
     restart = steps["stagger_restarts"].params

@@ -65,7 +65,10 @@ def _ctx() -> IncidentContext:
     )
 
 
-STEPS = plan(load_runbook(default_runbook_path()), _ctx(), dry_run=False)
+RUNBOOK = load_runbook(default_runbook_path())
+# the steps after the quarantine (test_quarantine_steps covers it): the mechanism here is
+# undetermined (no request sizes), so the quarantine would be passed over
+STEPS = plan(RUNBOOK.model_copy(update={"steps": RUNBOOK.steps[1:]}), _ctx(), dry_run=False)
 CEILING, RATE, RESTART = STEPS
 
 
@@ -436,8 +439,8 @@ TWO = [CEILING, RATE]
     ("level", "lift_at", "now", "expected", "fragment"),
     [
         (0, None, T0 + 1000, ("lifted", "escalated"), "limit_rps 2 -> 4"),
-        (1, T0 + 1000, T0 + 1100, None, ""),  # within the interval (120 s)
-        (1, T0 + 1000, T0 + 1120, ("lifted", "lifting"), "limit_rps 2 -> 8"),
+        (1, T0 + 1000, T0 + 1050, None, ""),  # within the interval (60 s)
+        (1, T0 + 1000, T0 + 1060, ("lifted", "lifting"), "limit_rps 2 -> 8"),
         (3, T0 + 1240, T0 + 1360, ("removed", "lifting"), "removed after 3"),  # 32 >= 20
     ],
 )

@@ -142,6 +142,48 @@ class RateLimit:
         )
 
 
+ADMISSION_HEADER = (
+    "# Managed by the GPU OOM cascade detector (runbook step quarantine_requests).\n"
+    "# Rewritten whole on every apply and revert; edits here are overwritten.\n"
+)
+MIN_BODY_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRule:
+    """An admission rule: requests over ``max_body_bytes`` are refused with 413.
+
+    nginx's ``client_max_body_size`` (in whole KiB here, rounded down, at least 1k): a request
+    whose Content-Length is larger is answered 413 Request Entity Too Large before it is
+    proxied (https://nginx.org/en/docs/http/ngx_http_core_module.html#client_max_body_size).
+    Raises ActuatorError(``invalid_request``) for a size that is not an int >= 1024.
+    """
+
+    max_body_bytes: int
+
+    def __post_init__(self) -> None:
+        size = self.max_body_bytes
+        if not isinstance(size, int) or isinstance(size, bool) or size < MIN_BODY_BYTES:
+            raise _invalid(f"max_body_bytes must be an int >= {MIN_BODY_BYTES}, got {size!r}")
+
+    @property
+    def size(self) -> str:
+        """Return nginx's size, ``47k``."""
+        return f"{self.max_body_bytes // 1024}k"
+
+    def describe(self) -> str:
+        """Return a one-line summary, e.g. ``client_max_body_size 47k -> 413``."""
+        return f"client_max_body_size {self.size} -> 413"
+
+
+def render_admission(rule: AdmissionRule | None) -> str:
+    """Return the admission include (the same ``location`` as the rate limit), or comments."""
+    text = ADMISSION_HEADER + "# Include in the location {} that proxies to the workload.\n"
+    if rule is None:
+        return text + "# No admission rule in force.\n"
+    return text + f"client_max_body_size {rule.size};\n"
+
+
 def zone_name(namespace: str, workload: str) -> str:
     """Return ``detector_<namespace>_<workload>`` with other characters as ``_``, 64 at most."""
     raw = f"detector_{namespace}_{workload}"

@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from detector.actuators.base import ActivationRefused, Actuator, ActuatorError, Plan, Reason
-from detector.actuators.nginx.config import RateLimit, render_http, render_location
+from detector.actuators.nginx.config import (
+    AdmissionRule,
+    RateLimit,
+    render_admission,
+    render_http,
+    render_location,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ class NginxGateway:
     conf_path: Path
     http_include: Path
     location_include: Path
+    admission_include: Path | None = None
     prefix: Path | None = None
     pid_file: Path | None = None
     error_log: Path | None = None
@@ -139,6 +146,7 @@ class NginxRateLimiter(Actuator):
         )
 
     def _path(self, target: str) -> Path:
+        """Return the path of one of this actuator's include files; ActuatorError otherwise."""
         if target not in self._files:
             raise ActuatorError(
                 Reason.INVALID_REQUEST, f"{target} is not an include file of {self.target}"
@@ -280,3 +288,25 @@ class NginxRateLimiter(Actuator):
                     "configuration (see its error log)",
                 )
             time.sleep(_CONFIRM_POLL_S)
+
+
+class NginxAdmission(NginxRateLimiter):
+    """Put in force or remove the admission rule (``client_max_body_size``, 413) through the
+    admission include; the same transaction, check, reload and lock as the rate limit."""
+
+    action: ClassVar[str] = "quarantine_requests"
+
+    def __init__(self, gateway: NginxGateway) -> None:
+        if gateway.admission_include is None:
+            raise ActuatorError(Reason.NOT_CONFIGURED, "nginx has no admission_include")
+        super().__init__(gateway)
+        self.include = gateway.admission_include
+        self._files = {str(self.include)}
+
+    def plan(self, rule: AdmissionRule) -> Plan:  # type: ignore[override]
+        """Return the plan that puts ``rule`` in force. Raises ActuatorError (``io_error``)."""
+        return self.plan_contents({str(self.include): render_admission(rule)}, rule.describe())
+
+    def plan_lift(self) -> Plan:
+        """Return the plan that removes any admission rule (comments only)."""
+        return self.plan_contents({str(self.include): render_admission(None)}, "no admission rule")

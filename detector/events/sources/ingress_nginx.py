@@ -44,7 +44,9 @@ def access_line_attrs(text: str) -> tuple[dict[str, Any], str] | None:
     attrs: status (int), upstream_status (int | None, the last try), upstream
     (``$proxy_upstream_name`` | None), upstream_addr (the last try | None), count (1),
     request_time_s (float | None), client (``$remote_addr``, the key of ingress-nginx's
-    per-client limits | None), and upstream_addrs / upstream_statuses (tuples) after retries.
+    per-client limits | None), request_bytes (``$request_length``: request line, headers and
+    body, int; absent in a combined line), and upstream_addrs / upstream_statuses (tuples)
+    after retries.
     """
     head = _HEAD.match(text)
     if head is None:
@@ -99,7 +101,8 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
     m = _TAIL.match(tail)
     if m is None:  # combined + "$http_x_forwarded_for", or another custom format
         return
-    _, request_time, upstream, _, rest = m.groups()
+    length, request_time, upstream, _, rest = m.groups()
+    attrs["request_bytes"] = int(length)
     if request_time != "-":
         attrs["request_time_s"] = float(request_time)
     if upstream and upstream != "-":

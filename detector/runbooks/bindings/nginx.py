@@ -1,14 +1,22 @@
-"""The plain-nginx rate limit of a planned ``enable_rate_limit`` step.
+"""The plain-nginx rate limit of a planned ``enable_rate_limit`` step, and the admission rule of
+a ``quarantine_requests`` step.
 
-The actuator is ``detector.actuators.nginx.limiter.NginxRateLimiter``. Plain nginx limits in
-aggregate: ``limit_req`` and ``limit_conn`` on one constant key per workload zone
-(``GLOBAL_KEY``), so the planned aggregate budget is the limit itself.
+The actuators are ``detector.actuators.nginx.limiter.NginxRateLimiter`` and ``NginxAdmission``.
+Plain nginx limits in aggregate: ``limit_req`` and ``limit_conn`` on one constant key per
+workload zone (``GLOBAL_KEY``), so the planned aggregate budget is the limit itself.
 """
 
 from __future__ import annotations
 
 from detector.actuators.base import ActuatorError, Reason
-from detector.actuators.nginx.config import DEFAULT_ZONE_SIZE, GLOBAL_KEY, RateLimit, zone_name
+from detector.actuators.nginx.config import (
+    DEFAULT_ZONE_SIZE,
+    GLOBAL_KEY,
+    AdmissionRule,
+    RateLimit,
+    zone_name,
+)
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 from detector.runbooks.rate_limits import aggregate_limit
@@ -53,3 +61,23 @@ def rate_limit_from_step(
         key=key,
         connections=limit.connections,
     )
+
+
+def admission_from_step(step: PlannedStep) -> AdmissionRule:
+    """Return the AdmissionRule of a planned ``quarantine_requests`` step (``max_body_bytes``).
+
+    Raises ActuatorError(``invalid_request``) for another action or a step without a size
+    (no request class was found: nothing to refuse).
+    """
+    if step.action is not Action.QUARANTINE_REQUESTS:
+        raise ActuatorError(
+            Reason.INVALID_REQUEST,
+            f"step {step.step_id!r} is {step.action.value}, not quarantine_requests",
+        )
+    size = coerce_int(step.params.get("max_body_bytes"))
+    if size is None:
+        raise ActuatorError(
+            Reason.INVALID_REQUEST,
+            f"step {step.step_id!r} has no max_body_bytes: no request class to refuse",
+        )
+    return AdmissionRule(size)

@@ -10,6 +10,9 @@ dry-run; otherwise it reads and records the exact change.
   (``containment.nginx``), ingress-nginx annotations or an Envoy Gateway policy
   (``containment.kubernetes``), Kong's ``rate-limiting`` plugin (``containment.kong``), or
   Envoy's local rate limit switched on at runtime (``containment.envoy``);
+- ``quarantine_requests``: plain nginx's admission include (``containment.nginx`` with
+  ``admission_include``) when nginx is the gateway; other gateways: a dry-run record of the
+  rule (not driven yet);
 - ``lower_batch_ceiling``: ``containment.batch_ceiling_driver()``: the engine args or env
   in the pod template of the workload's controller, a Deployment, StatefulSet, Argo Rollout
   or LeaderWorkerSet (``kubernetes``), a Triton model reload (``triton``) or Ray Serve
@@ -35,7 +38,7 @@ from detector.actuators.envoy import EnvoyLocalRateLimiter, EnvoyRuntimeKeys
 from detector.actuators.http import AdminApi
 from detector.actuators.kong import KongRateLimiter, KongScope
 from detector.actuators.kubernetes.api import KubeApi
-from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter
+from detector.actuators.nginx.limiter import NginxAdmission, NginxGateway, NginxRateLimiter
 from detector.actuators.rayserve import RayServeOngoingRequests
 from detector.actuators.triton import TritonBatchCeiling
 from detector.config import (
@@ -60,7 +63,7 @@ from detector.runbooks.bindings.kubernetes import (
     ingress_limits,
     kube_api,
 )
-from detector.runbooks.bindings.nginx import rate_limit_from_step
+from detector.runbooks.bindings.nginx import admission_from_step, rate_limit_from_step
 from detector.runbooks.bindings.rayserve import ongoing_requests_from_step
 from detector.runbooks.bindings.triton import batching_from_step
 from detector.runbooks.definition import Action
@@ -83,6 +86,8 @@ def step_actuators(settings: Settings) -> dict[str, StepActuator]:
     try:
         if gateway is not None:
             registry[Action.ENABLE_RATE_LIMIT.value] = _rate_limiter(gateway, c, kube)
+        if gateway == "nginx" and c.nginx is not None and c.nginx.admission_include is not None:
+            registry[Action.QUARANTINE_REQUESTS.value] = _nginx_admission(c.nginx)
         if target is not None:
             registry[Action.LOWER_BATCH_CEILING.value] = _ceiling(target, c, kube)
     except ActuatorError as exc:
@@ -119,17 +124,26 @@ def _ceiling(target: str, c: ContainmentSettings, kube: KubeApi | None) -> StepA
     raise ConfigError(f"containment: batch_ceiling_target {target!r} is not configured")
 
 
-def _nginx(cfg: NginxGatewaySettings) -> ActuatorBinding:
-    gateway = NginxGateway(
+def _nginx_gateway(cfg: NginxGatewaySettings) -> NginxGateway:
+    return NginxGateway(
         conf_path=cfg.conf_path,
         http_include=cfg.http_include,
         location_include=cfg.location_include,
+        admission_include=cfg.admission_include,
         prefix=cfg.prefix,
         pid_file=cfg.pid_file,
         error_log=cfg.error_log,
         nginx_bin=cfg.nginx_bin,
     )
-    limiter = NginxRateLimiter(gateway)
+
+
+def _nginx_admission(cfg: NginxGatewaySettings) -> ActuatorBinding:
+    admission = NginxAdmission(_nginx_gateway(cfg))
+    return ActuatorBinding(admission, lambda step: admission.plan(admission_from_step(step)))
+
+
+def _nginx(cfg: NginxGatewaySettings) -> ActuatorBinding:
+    limiter = NginxRateLimiter(_nginx_gateway(cfg))
     return ActuatorBinding(
         limiter, lambda step: limiter.plan(rate_limit_from_step(step, burst=cfg.burst))
     )
