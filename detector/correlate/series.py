@@ -27,6 +27,9 @@ SERIES_BUCKET_S: Final = 5.0  # seconds of event time per bucket
 REQUESTS: Final = "requests"
 ERRORS_5XX: Final = "errors_5xx"
 SHED_429: Final = "shed_429"
+# refused by the gateway itself: its rate limit (429) and its admission rule (413); the
+# series keeps its name from when 429 was the only one
+SHED_STATUSES: Final = frozenset({413, 429})
 PRESSURE: Final = "pressure"
 CEILING: Final = "ceiling"
 KV_CACHE: Final = "KV cache"
@@ -91,7 +94,7 @@ class SeriesBook(Generic[K]):
         bucket[0] += count
         if 500 <= status <= 599:
             bucket[1] += count
-        elif status == 429:
+        elif status in SHED_STATUSES:
             bucket[2] += count
         self.version += 1
         bucket[3] = self.version

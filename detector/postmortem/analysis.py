@@ -8,8 +8,9 @@ as Markdown, HTML or JSON. Definitions (the load balancer's 5 s buckets, ``bucke
 - **degraded**: a bucket whose 5xx share of requests is above the correlator's
   ``error_ratio`` (``settings.correlate``); **down**: a bucket with requests of which none was
   served (every response a 5xx or a 429). Times are whole buckets.
-- **failed** / **shed**: the sums of the 5xx and 429 counts over the incident's series (its
-  span: the correlation window before the first OOM, to its end); **peak 5xx rate**: the
+- **failed** / **shed**: the sums of the 5xx and the gateway's refusals (429, and 413 from the
+  admission rule) over the incident's series (its span: the correlation window before the
+  first OOM, to its end); **peak 5xx rate**: the
   highest bucket's 5xx count / ``bucket_s``.
 - **time to recover**: first GPU OOM -> the first ``contained`` (else ``resolved``) stage.
 - **measured effect** of a step: the requests not served (5xx + 429: a request the gateway

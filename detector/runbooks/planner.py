@@ -26,6 +26,10 @@ from detector.runbooks.render import render_step
 RATE_WINDOW_S = 60.0  # load-balancer lines counted in this window before the last victim
 DEFAULT_SPACING_S = 120.0  # restart spacing when no model load time is in the logs
 MAX_LOAD_S = 1800.0  # a start longer than this is not one model load (a stuck or crashed start)
+# the gateway queues what the healthy capacity serves in this long rather than answering 429:
+# clients and gateways that fail over or retry on 429 (the OpenAI SDK, LiteLLM, Kong's AI
+# proxy) would turn the refusals into more load
+QUEUE_WAIT_S = 10.0
 DEFAULT_FLOORS = Floors(
     batch_ceiling=1, batched_tokens=512, rate_limit_rps=1, limit_connections=1, spacing_s=30.0
 )
@@ -320,9 +324,10 @@ def build_variables(
     step's sizing (``detector.runbooks.rate_limits``: aggregate_budget_rps, aggregate_limit_rpm,
     aggregate_connections; rate_limit_rps and limit_connections per client IP and controller
     replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
-    clients seen), rate_limit_basis, ingress_name, upstream, restart_order (crashed_pods then
-    healthy_restarts, see ``restart_plan``), restart_order_basis, spacing_s, model_load_s,
-    spacing_basis, gateway (the configured 429 gateway, "" when none), and the failure
+    clients seen), rate_limit_basis, queue_burst and queue_wait_s (the requests over the
+    budget the gateway queues, ``QUEUE_WAIT_S`` of it), ingress_name, upstream, restart_order
+    (crashed_pods then healthy_restarts, see ``restart_plan``), restart_order_basis,
+    spacing_s, model_load_s, spacing_basis, gateway (the configured 429 gateway, "" when none), and the failure
     mechanism (``detector.runbooks.mechanism.diagnose``): mechanism, mechanism_evidence,
     max_body_bytes and refused_share (the quarantine's bound and what it refuses),
     evidence_until, class_victims. Rates are per second.
@@ -345,6 +350,7 @@ def build_variables(
         connections_floor=floors.limit_connections or 1,
         gateway=gateway,
     )
+    queue = math.ceil(limits.budget_rps * QUEUE_WAIT_S) if limits.budget_rps else 0
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
     diagnosis = diagnose(ctx)
@@ -369,6 +375,8 @@ def build_variables(
         **_ceiling_variables(ceiling),
         **_traffic_variables(traffic),
         **_limit_variables(limits),
+        "queue_burst": queue,
+        "queue_wait_s": QUEUE_WAIT_S,
         "ingress_name": ctx.workload,
         "upstream": observed_upstream(ctx.signals),
         "restart_order": crashed + healthy_restarts,

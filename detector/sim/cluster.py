@@ -234,7 +234,8 @@ def _describe(limit: GatewayLimit | None) -> str:
     parts = []
     if limit.rps is not None:
         conn = f", limit_conn {limit.connections}" if limit.connections is not None else ""
-        parts.append(f"limit_req {limit.rps:g} r/s burst {limit.burst}{conn}")
+        queue = "" if limit.nodelay else " (queued)"
+        parts.append(f"limit_req {limit.rps:g} r/s burst {limit.burst}{queue}{conn}")
     if limit.max_body_bytes is not None:
         parts.append(f"client_max_body_size {limit.max_body_bytes} bytes")
     return "; ".join(parts)

@@ -23,7 +23,7 @@ from detector.config import NginxGatewaySettings
 from detector.sim.traffic import GatewayLimit
 
 _ZONE = re.compile(r"^limit_req_zone \S+ zone=(\w+):\S+ rate=(\d+)r/([sm]);$", re.MULTILINE)
-_REQ = re.compile(r"^limit_req zone=(\w+)(?: burst=(\d+))?(?: nodelay)?;$", re.MULTILINE)
+_REQ = re.compile(r"^limit_req zone=(\w+)(?: burst=(\d+))?( nodelay)?;$", re.MULTILINE)
 _CONN = re.compile(r"^limit_conn (\w+) (\d+);$", re.MULTILINE)
 _BODY = re.compile(r"^client_max_body_size (\d+)([kKmM]?);$", re.MULTILINE)
 _UNIT = {"": 1, "k": 1024, "m": 1024**2}
@@ -116,6 +116,7 @@ class NginxStandIn:
             burst=int(req.group(2) or 0),
             connections=int(conn.group(2)) if conn is not None else None,
             max_body_bytes=max_body,
+            nodelay=req.group(3) is not None,
         )
 
     def _text(self) -> str:

@@ -55,10 +55,11 @@ from detector.sim.cluster import SimCluster
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
 from detector.sim.model import Endpoint
-from detector.sim.outcome import client_outcome
+from detector.sim.outcome import ClientOutcome, client_outcome
 from detector.sim.scenario import Scenario
 
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
+AFTER_S = 900.0  # the most the run goes on after the scenario for the detector to lift
 APPROVER = "sim-oncall"
 STORE = "sim.db"  # the store's file in the work folder
 START = 1_741_942_800.0  # 2025-03-14T09:00:00Z, as the bundled recordings: event time 0
@@ -90,7 +91,10 @@ class SimOutcome:
     ``recover_s`` until every replica serves again and keeps serving to the end of the run.
     ``incidents``: how many the detector opened; ``actions``: the writes that reached the
     cluster, in order (``METHOD path`` for the Kubernetes API, ``nginx: ...`` for the
-    gateway); ``left_in_force``: what they left changed at the end. ``verdict``: the reason of
+    gateway); ``left_in_force``: what they left changed at the end of the run, which goes on
+    after the scenario (traffic at its last rate, clients no longer counted) until the
+    detector lifted what it applied and its incident resolved, at most ``AFTER_S`` more:
+    ``ran_on_s``. ``verdict``: the reason of
     a "not this pattern" verdict.
     """
 
@@ -122,6 +126,7 @@ class SimOutcome:
     verdict: str | None = None
     actions: list[str] = field(default_factory=list)
     left_in_force: list[str] = field(default_factory=list)
+    ran_on_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Return the outcome as JSON-ready data."""
@@ -194,17 +199,29 @@ def simulate(
         return _outcome(endpoint, cluster, settings, found, mode, seed)
 
 
+def _more(t: float, endpoint: Endpoint, cluster: SimCluster, processor: Processor) -> bool:
+    """Return whether the run goes on at ``t``: the scenario's time, then until what the
+    detector applied is lifted and its incident resolved (at most ``AFTER_S`` more)."""
+    duration = endpoint.scenario.duration_s
+    if t < duration:
+        return True
+    waiting = cluster.in_force() or (cluster.writes and processor.correlator.open_incidents)
+    return t < duration + AFTER_S and bool(waiting)
+
+
 def _run(
     endpoint: Endpoint,
     cluster: SimCluster,
     settings: Settings,
     sinks: Sinks | None,
     approve_after_s: float,
-) -> tuple[list[str], str | None]:
-    """Advance the model to its end, feeding the detector.
+) -> tuple[list[str], str | None, ClientOutcome, float]:
+    """Advance the model to its end, feeding the detector, then on until the detector's
+    measures are lifted (``_more``).
 
-    Returns the keys of the incidents the run opened and the reason of its first "not this
-    pattern" verdict (None when there was none).
+    Returns the keys of the incidents the run opened, the reason of its first "not this
+    pattern" verdict (None when there was none), the clients' outcome at the scenario's end
+    and the offset the run ended at.
     """
     processor = Processor.from_settings(settings)
     db.upgrade(settings.database.url)
@@ -213,10 +230,10 @@ def _run(
     asked: dict[tuple[str, int], float] = {}  # (incident, position) -> when first seen waiting
     lines: dict[str, int] = {}
     duration, start, step = endpoint.scenario.duration_s, START, endpoint.scenario.step_s
-    next_finish, t = FINISH_EVERY_S, 0.0
+    next_finish, t, clients = FINISH_EVERY_S, 0.0, None
     try:
-        while t < duration:
-            t = min(t + step, duration)
+        while _more(t, endpoint, cluster, processor):
+            t = min(t + step, duration) if t < duration else t + step
             cluster.sync()
             endpoint.advance(t)
             for name, _offset, text in endpoint.recorder.drain(t):
@@ -231,10 +248,13 @@ def _run(
                 cluster.apply()
                 _approve(session, settings, start + t, asked, approve_after_s)
             session.commit()
+            if clients is None and t >= duration:  # what the clients felt in the scenario's time
+                clients = client_outcome(endpoint.arrivals.clients, duration)
         processor.finish(session)
         session.commit()
         verdicts = load_verdicts(session=session, dedupe_keys=list(processor.verdicts)[:1])
-        return list(processor.seen), verdicts[0].reason if verdicts else None
+        assert clients is not None
+        return list(processor.seen), verdicts[0].reason if verdicts else None, clients, t
     finally:
         session.close()
         engine.dispose()
@@ -285,17 +305,16 @@ def _outcome(
     endpoint: Endpoint,
     cluster: SimCluster,
     settings: Settings,
-    found: tuple[list[str], str | None],
+    found: tuple[list[str], str | None, ClientOutcome, float],
     mode: Containment,
     seed: int | None,
 ) -> SimOutcome:
-    (keys, verdict), o, s = found, endpoint.outcome, endpoint.scenario
+    (keys, verdict, clients, ended), o, s = found, endpoint.outcome, endpoint.scenario
     key = keys[0] if keys else None
     first = o.first_oom_at
     for sim in endpoint.fleet.pods:
         if sim.engine is not None:
             o.preemptions += sim.engine.preemptions
-    clients = client_outcome(endpoint.arrivals.clients, s.duration_s)
     milestones = _milestones(settings, key) if key is not None else {}
 
     def since_first(at: float | None) -> float | None:
@@ -324,6 +343,7 @@ def _outcome(
         verdict=verdict,
         actions=[what for _, what in cluster.writes],
         left_in_force=cluster.in_force(),
+        ran_on_s=round(ended - s.duration_s, 1),
     )
 
 

@@ -27,6 +27,7 @@ The actuation methods (``set_deployment_args``, ``evict``, ``set_gateway_limit``
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -107,6 +108,8 @@ class Endpoint:
         }
         self.fleet = Fleet(scenario, self.recorder, self._template(args), key)
         self.inflight: dict[int, _InFlight] = {}
+        # attempts waiting in a gateway's limit_req burst: (passed on at, cid, sent, client)
+        self.queued: list[tuple[float, int, float, Client]] = []
         self._rid = 0
         self._turn = 0
         self._faults = sorted(scenario.faults, key=lambda f: f.at_s)
@@ -180,12 +183,21 @@ class Endpoint:
         self._rollout()
         self._run_faults(t1)
         for t, client in self.arrivals.between(t0, t1):
+            self._pass_queued(t)
             self._arrive(t, client)
+        self._pass_queued(t1)
         for sim in list(self.fleet.pods):
             self._step_engine(sim, t0, t1)
         self._timeouts(t1)
         self._scrapes(t0, t1)
         self._track_serving(t1)
+
+    def _pass_queued(self, until: float) -> None:
+        """Pass on the attempts the gateway queued (``limit_req`` without ``nodelay``) whose
+        wait ended before ``until``."""
+        while self.queued and self.queued[0][0] < until:
+            t, _, sent, client = heapq.heappop(self.queued)
+            self._route(t, sent, client, self.gateways[client.via])
 
     def _liveness_kills(self) -> None:
         """Restart the containers the kubelet killed for a failed liveness probe."""
@@ -242,12 +254,20 @@ class Endpoint:
         if not gateway.admits(request_bytes(client)):
             self._answer(t, client, t, 413, [])
             return
-        if not gateway.allow(t):
+        wait = gateway.admit(t)
+        if wait is None:
             self._answer(t, client, t, 429, [])
             return
+        if wait > 0:  # queued in the gateway's burst: passed on at the rate
+            heapq.heappush(self.queued, (t + wait, client.cid, t, client))
+            return
+        self._route(t, t, client, gateway)
+
+    def _route(self, t: float, sent: float, client: Client, gateway: Gateway) -> None:
+        """Pass an attempt sent at ``sent`` on at ``t``: the balancer, then an engine."""
         endpoints = self._endpoints(t)
         if not endpoints:
-            self._answer(t, client, t, 503, [])
+            self._answer(t, client, sent, 503, [])
             return
         sim = self.balancer.pick(endpoints, [p.engine.load if p.engine else 0 for p in endpoints])
         tried: list[tuple[str, str]] = []
@@ -255,13 +275,13 @@ class Endpoint:
             tried.append((sim.pod.addr, "502"))
             alive = [p for p in endpoints if p.engine is not None]
             if not alive:
-                self._answer(t + 0.001, client, t, 502, tried, tr.REFUSED)
+                self._answer(t + 0.001, client, sent, 502, tried, tr.REFUSED)
                 return
             sim = self.balancer.pick(alive, [p.engine.load if p.engine else 0 for p in alive])
         assert sim.engine is not None
         limit = sim.template.arg_map()["max-model-len"]
         if client.prompt >= limit:
-            self._answer(t + 0.01, client, t, 400, [*tried, (sim.pod.addr, "400")])
+            self._answer(t + 0.01, client, sent, 400, [*tried, (sim.pod.addr, "400")])
             return
         self._rid += 1
         seq = Sequence(
@@ -274,7 +294,7 @@ class Endpoint:
         )
         sim.engine.waiting.append(seq)
         gateway.in_progress += 1
-        self.inflight[self._rid] = _InFlight(client, t, sim, tried, gateway)
+        self.inflight[self._rid] = _InFlight(client, sent, sim, tried, gateway)
 
     def _answer(
         self,

@@ -186,12 +186,14 @@ class GatewayLimit:
     """What the gateway's include files put in force, as nginx enforces it: ``limit_req`` at
     ``rps`` with ``burst`` requests above the rate served at once (``nodelay``), and
     ``limit_conn`` at ``connections`` requests in progress (None: no such limit), 429 beyond
-    either; ``client_max_body_size`` at ``max_body_bytes`` (None: none), 413 beyond it."""
+    either; ``client_max_body_size`` at ``max_body_bytes`` (None: none), 413 beyond it.
+    Without ``nodelay`` the requests over the rate wait in the burst, served at the rate."""
 
     rps: float | None = None
     burst: int = 0
     connections: int | None = None
     max_body_bytes: int | None = None
+    nodelay: bool = True  # False: the burst is a queue, its requests wait for the rate
 
 
 @dataclass(slots=True)
@@ -226,24 +228,27 @@ class Gateway:
         limit = self.limit
         return limit is None or limit.max_body_bytes is None or length <= limit.max_body_bytes
 
-    def allow(self, t: float) -> bool:
-        """Return whether a request at ``t`` passes, False for a 429 (a 429 changes nothing).
+    def admit(self, t: float) -> float | None:
+        """Return how long a request at ``t`` waits before it is passed on (0: at once), or
+        None for a 429 (a 429 changes nothing).
 
         nginx's ``ngx_http_limit_req_lookup``: excess = previous excess - rate x elapsed + 1,
-        at least 0; over ``burst`` is rejected.
+        at least 0; over ``burst`` is rejected; without ``nodelay`` the request is delayed by
+        excess / rate (``ngx_http_limit_req_handler``), so the burst is a queue.
         """
         limit = self.limit
         if limit is None or limit.rps is None:
-            return True
+            return 0.0
         if limit.connections is not None and self.in_progress >= limit.connections:
-            return False
+            return None
+        excess = 0.0
         if self.last is not None:
             excess = max(0.0, self.excess - (t - self.last) * limit.rps + 1.0)
             if excess > limit.burst + 1e-9:
-                return False
+                return None
             self.excess = excess
         self.last = t
-        return True
+        return 0.0 if limit.nodelay else excess / limit.rps
 
 
 T = TypeVar("T")

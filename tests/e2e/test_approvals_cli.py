@@ -97,7 +97,7 @@ def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
     expires = inc["steps"][2]["approval_state"]["expires_at"]
     listed = detector("incidents", "--db", url).stdout
     assert f"waiting: step 3 stagger_restarts until {expires} (plan {digest})" in listed
-    args = ("approve", inc["key"], "3", "--as", "alice", "--db", url)
+    args = ("approve", inc["key"], "4", "--as", "alice", "--db", url)
     stale = detector(*args, "--plan", "000000000000", **APPROVERS)
     assert stale.returncode == 1 and "the plan changed" in stale.stderr, stale.stderr
     fresh = detector(*args, "--plan", digest, **APPROVERS)
@@ -110,7 +110,7 @@ def test_a_late_approval_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     assert inc["steps"][2]["state"] == "awaiting_approval"
     before = detector("incidents", "--json", "--db", url).stdout
     assert "expired, no longer decidable" in detector("incidents", "--db", url).stdout
-    proc = detector("approve", inc["key"], "3", "--as", "alice", "--db", url, **APPROVERS)
+    proc = detector("approve", inc["key"], "4", "--as", "alice", "--db", url, **APPROVERS)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "expired at 2025-03-14" in proc.stderr
     assert detector("incidents", "--json", "--db", url).stdout == before
@@ -120,16 +120,16 @@ def test_deny_hands_over_and_refusals_exit_non_zero(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     recording = awaiting_now(tmp_path / "cut")
     key = replay(url, recording)["key"]
-    proc = detector("deny", key, "3", "--as", "bob", "--db", url, **APPROVERS)
+    proc = detector("deny", key, "4", "--as", "bob", "--db", url, **APPROVERS)
     assert proc.returncode == 0 and "denied: step 3 stagger_restarts" in proc.stdout
     inc = replay(url, recording)
     assert inc["steps"][2]["state"] == "denied"
     assert inc["steps"][2]["approval_state"]["status"] == "denied"
     cases = [
-        (("approve", "llm/nope@1", "3", "--as", "alice"), APPROVERS, 2, "no incident"),
+        (("approve", "llm/nope@1", "4", "--as", "alice"), APPROVERS, 2, "no incident"),
         (("approve", key, "reboot", "--as", "alice"), APPROVERS, 2, "has no step"),
         (("approve", key, "1", "--as", "alice"), APPROVERS, 1, "is approved, not pending"),
-        (("approve", key, "3", "--as", "alice"), {}, 1, "no approvers configured"),
+        (("approve", key, "4", "--as", "alice"), {}, 1, "no approvers configured"),
     ]
     for args, env, code, words in cases:
         proc = detector(*args, "--db", url, **env)

@@ -173,7 +173,7 @@ def test_log_markup_is_shown_as_text(tab: Tab, server: dict[str, Any]) -> None:
 
 def test_actions_need_a_login_and_the_forms_csrf_token(tab: Tab, server: dict[str, Any]) -> None:
     page, base = tab.page, server["base"]
-    action = f"{base}/incidents/{server['id']}/steps/3/approve"
+    action = f"{base}/incidents/{server['id']}/steps/4/approve"
     page.goto(action)  # the confirmation page, read without a login on loopback
     expect(page.locator("p.error")).to_contain_text("Log in to decide")
     expect(page.locator("form.card")).to_have_count(0)

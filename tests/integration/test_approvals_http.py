@@ -124,7 +124,7 @@ def test_an_invalid_body_is_a_short_422_that_does_not_echo_it(server: dict[str, 
 
 
 def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) -> None:
-    raw_key_path = f"/api/incidents/{server['key']}/steps/3/approve"  # "/" in the key, unencoded
+    raw_key_path = f"/api/incidents/{server['key']}/steps/4/approve"  # "/" in the key, unencoded
     code, body = post(server, raw_key_path, ALICE, {"reason": "crash-looping, go"})
     assert code == 200, body
     assert (body["step"], body["status"], body["by"], body["via"]) == (
@@ -150,8 +150,8 @@ def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) 
 
 
 def test_unknown_routes_and_methods(server: dict[str, Any]) -> None:
-    assert post(server, f"/api/incidents/{server['id']}/steps/3/maybe", ALICE)[0] == 404
-    request = urllib.request.Request(server["base"] + step_path(server, "3"), method="GET")
+    assert post(server, f"/api/incidents/{server['id']}/steps/4/maybe", ALICE)[0] == 404
+    request = urllib.request.Request(server["base"] + step_path(server, "4"), method="GET")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)
     info.value.close()
@@ -187,7 +187,7 @@ def test_a_late_approval_is_refused_with_409_and_changes_nothing(tmp_path: Path)
 
     before = snapshot()
     with serving(settings) as base:
-        code, body = post({"base": base}, f"/api/incidents/{quote(key, safe='')}/steps/3/approve",
+        code, body = post({"base": base}, f"/api/incidents/{quote(key, safe='')}/steps/4/approve",
                           ALICE)  # fmt: skip
     assert code == 409, body
     assert "expired at 2025-03-14" in body["detail"]

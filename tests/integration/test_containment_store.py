@@ -248,7 +248,7 @@ def test_approve_deny_and_their_refusals(session: Session, make_session: Any) ->
         with pytest.raises(ApprovalError) as info:
             decide(**kw)
         assert info.value.reason == code, kw
-    row = decide(step="3", ref=str(incident.id), reason="pods are crash-looping")  # by position
+    row = decide(step="4", ref=str(incident.id), reason="pods are crash-looping")  # by position
     assert (row.status, row.decided_by, row.via) == ("approved", "alice", "cli")
     with pytest.raises(ApprovalError, match="conflict"):
         decide(who="bob", approve=False)

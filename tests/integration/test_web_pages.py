@@ -99,7 +99,7 @@ def test_elsewhere_reading_and_acting_need_a_login_and_a_csrf_token(
     with serving(_settings(url, host="0.0.0.0")) as base, httpx.Client(base_url=base) as web:
         assert web.get("/incidents").headers["location"].startswith("/login?next=")
         assert web.get("/api/incidents").status_code == 401
-        decide = f"/incidents/{incident_id}/steps/3/approve"
+        decide = f"/incidents/{incident_id}/steps/4/approve"
         assert web.post(decide, data={"csrf": "x"}).status_code == 401
         assert web.post("/login", data={"token": "wrong"}).status_code == 401
         login = web.post("/login", data={"token": TOKEN, "next": "//evil.example/"})

@@ -14,13 +14,20 @@ import detector.actuators.nginx.limiter as nginx_module
 from detector.actuators.base import ActuatorError, Change, Plan, Status
 from detector.actuators.nginx.config import (
     HEADER,
+    AdmissionRule,
     RateLimit,
+    render_admission,
     render_http,
     render_location,
     zone_name,
 )
-from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter, serving_children
-from detector.runbooks.bindings.nginx import rate_limit_from_step
+from detector.actuators.nginx.limiter import (
+    NginxAdmission,
+    NginxGateway,
+    NginxRateLimiter,
+    serving_children,
+)
+from detector.runbooks.bindings.nginx import admission_from_step, rate_limit_from_step
 from detector.runbooks.definition import Action
 
 LIMIT = RateLimit(zone="detector_ml_llm", rate_per_s=2)
@@ -95,9 +102,12 @@ def test_rate_limit_from_step_reuses_the_planned_aggregate_budget() -> None:
     limit = rate_limit_from_step(step, burst=3)
     assert step.params["aggregate_budget_rps"] == "2.5"  # 5.0 ok/s x 2 serving / 4 seen
     assert step.params["aggregate_connections"] == "256"  # 2 serving x max_num_seqs 128
+    assert step.params["queue_burst"] == "25"  # 10 s of the budget wait at the gateway
     assert limit == RateLimit(
-        zone="detector_ml_llm", rate_per_min=150, burst=3, connections=256
+        zone="detector_ml_llm", rate_per_min=150, burst=25, connections=256, queue=True
     )  # one constant key: every client shares the budget
+    unqueued = replace(step, params={**step.params, "queue_burst": "0"})
+    assert rate_limit_from_step(unqueued, burst=3).burst == 3  # the configured burst
     assert limit.key == "global" and limit.requests_per_s == 2.5
 
 
@@ -320,3 +330,43 @@ def test_reload_with_workers_hidden_is_not_confirmed_but_not_failed(
     gateway = replace(fake_nginx(tmp_path, "exit 0\n"), pid_file=tmp_path / "nginx.pid")
     actuator = NginxRateLimiter(gateway)
     assert actuator.apply(actuator.plan(LIMIT), dry_run=False).status is Status.OK
+
+
+def test_a_queued_burst_has_no_nodelay() -> None:
+    limit = RateLimit("z", 3, burst=30, queue=True)
+    assert render_location(limit).startswith(HEADER + "#")
+    assert "limit_req zone=z burst=30;\n" in render_location(limit)
+    assert "queued" in limit.describe()
+
+
+def test_admission_rule_renders_client_max_body_size_in_whole_kib() -> None:
+    rule = AdmissionRule(48_700)
+    assert render_admission(rule).endswith("client_max_body_size 47k;\n")
+    assert rule.describe() == "client_max_body_size 47k -> 413"
+    assert render_admission(None).endswith("# No admission rule in force.\n")
+    for bad in (0, 1023, "48k", True):
+        with pytest.raises(ActuatorError):
+            AdmissionRule(bad)  # type: ignore[arg-type]
+
+
+def test_admission_from_a_quarantine_step_and_nothing_else() -> None:
+    step = replace(rate_step(), action=Action.QUARANTINE_REQUESTS, step_id="quarantine_requests",
+                   params={"max_body_bytes": "48700"})  # fmt: skip
+    assert admission_from_step(step) == AdmissionRule(48_700)
+    with pytest.raises(ActuatorError, match="no request class"):
+        admission_from_step(replace(step, params={"max_body_bytes": "none"}))
+    with pytest.raises(ActuatorError, match="not quarantine_requests"):
+        admission_from_step(rate_step())
+
+
+def test_admission_writes_its_own_include_and_lifts_it(tmp_path: Path) -> None:
+    gateway = replace(fake_nginx(tmp_path, "exit 0\n"), admission_include=tmp_path / "a.conf")
+    (tmp_path / "a.conf").write_text("# empty\n")
+    actuator = NginxAdmission(gateway)
+    result = actuator.apply(actuator.plan(AdmissionRule(48_700)), dry_run=False)
+    assert result.status is Status.OK, result.message()
+    assert (tmp_path / "a.conf").read_text() == render_admission(AdmissionRule(48_700))
+    assert gateway.location_include.read_text() == ""  # the rate limit's files untouched
+    assert actuator.plan_lift().changes[0].after == render_admission(None)
+    with pytest.raises(ActuatorError):
+        NginxAdmission(fake_nginx(tmp_path, "exit 0\n"))  # no admission include configured

@@ -479,6 +479,7 @@ SIZING: list[tuple[str, tuple[Signal, ...], dict[str, Any], tuple[str, ...]]] = 
         (VLLM_CONFIG, *OOMS, *client_lines(40, 30)),  # 40 x 0.5/s = 20 ok/s
         {
             "aggregate_budget_rps": 10.0,  # 20 x 2 serving / 4 seen
+            "queue_burst": 100,  # 10 s of the budget wait at the gateway, not refused
             "aggregate_limit_rpm": 600,
             "aggregate_connections": 26,  # 2 serving x 13
             "rate_limit_rps": 1,  # max(floor 1, 10 / 40)

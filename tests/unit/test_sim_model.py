@@ -312,10 +312,12 @@ def test_a_dead_engines_requests_get_vllms_500_and_the_sdk_retries_them_elsewher
 def test_the_gateway_limit_sheds_with_429_above_its_rate() -> None:
     gateway = Gateway()
     gateway.set(GatewayLimit(5.0), 0.0)
-    allowed = sum(gateway.allow(i / 20) for i in range(200))  # 20 a second for 10 s
+    allowed = sum(gateway.admit(i / 20) is not None for i in range(200))  # 20 a second for 10 s
     assert allowed == 50  # nginx, burst 0: one every 1/rate s from the first
     gateway.set(GatewayLimit(5.0, burst=10), 0.0)
-    assert sum(gateway.allow(0.0) for _ in range(20)) == 1 + 10  # a tight burst: 1 + burst
+    assert (
+        sum(gateway.admit(0.0) is not None for _ in range(20)) == 1 + 10
+    )  # a tight burst: 1 + burst
     ep = Endpoint(_quiet(), start=START)
     ep.advance(60)
     ep.set_gateway_limit(GatewayLimit(1.0))
@@ -326,6 +328,41 @@ def test_the_gateway_limit_sheds_with_429_above_its_rate() -> None:
     ep.set_gateway_limit(None)
     ep.advance(150)
     assert ep.outcome.attempts_429 == shed
+
+
+def test_without_nodelay_the_burst_is_a_queue_served_at_the_rate() -> None:
+    gateway = Gateway()
+    gateway.set(GatewayLimit(5.0, burst=10, nodelay=False), 0.0)
+    waits = [gateway.admit(0.0) for _ in range(12)]
+    assert waits[0] == 0.0 and waits[1:11] == [n / 5.0 for n in range(1, 11)]  # excess / rate
+    assert waits[11] is None  # over the burst: 429
+    # the same requests are refused either way (nginx counts the excess alike); with nodelay
+    # the burst reaches the pods at once, queued it reaches them at the rate
+    ep = Endpoint(_quiet(), start=START)
+    ep.advance(60)
+    before = (ep.outcome.attempts, ep.outcome.attempts_429)
+    ep.set_gateway_limit(GatewayLimit(1.0, burst=30, nodelay=False))
+    ep.advance(70)
+    arrived = ep.outcome.attempts - before[0]
+    passed = arrived - (ep.outcome.attempts_429 - before[1]) - len(ep.queued)
+    assert arrived > 25 and ep.queued  # 4/s arrive
+    assert passed <= 1 + 10  # 1/s reach the pods over 10 s, the first one free
+
+
+def test_the_admission_rule_refuses_larger_bodies_with_413_never_retried() -> None:
+    gateway = Gateway()
+    gateway.set(GatewayLimit(max_body_bytes=10_000), 0.0)
+    assert gateway.admits(10_000) and not gateway.admits(10_001)
+    assert gateway.admit(0.0) == 0.0  # no rate limit with it
+    poison = {"at_s": 65, "prompt_tokens": 12000, "output_tokens": 1}
+    sc = _quiet(traffic={"rps": [[0, 0], [55, 0], [56, 4]], "requests": [poison]})
+    ep = Endpoint(sc, start=START)
+    ep.advance(60)
+    ep.set_gateway_limit(GatewayLimit(max_body_bytes=40_000))
+    ep.advance(70)
+    refused = [line for line in _access(ep) if '" 413 ' in line]
+    assert len(refused) == 1  # the 12k-token request, once: clients do not retry a 413
+    assert f" {700 + 4 * 12000} " in refused[0]  # its $request_length
 
 
 def test_each_gateway_replica_enforces_the_limit_in_its_own_zone() -> None:
@@ -345,7 +382,7 @@ def test_the_gateway_connection_limit_sheds_what_is_over_the_requests_in_progres
     allowed = []
     for n in range(5):
         gateway.in_progress = n
-        allowed.append(gateway.allow(0.0))
+        allowed.append(gateway.admit(0.0) is not None)
     assert allowed == [True] * 3 + [False] * 2
 
 

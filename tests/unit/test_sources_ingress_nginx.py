@@ -182,3 +182,13 @@ def test_huge_line_is_bounded() -> None:
     line = f'10.0.0.9 - - [17/Dec/2024:10:00:01 +0000] "GET /{"a" * 100_000} HTTP/1.1" 200 1 {UA}'
     sig = signal_from_raw_access_line(line, SRC)
     assert sig is not None and len(sig.text) == 2048
+
+
+def test_request_length_is_the_size_of_the_request() -> None:
+    # $request_length: request line, headers and body (it grows with a prompt), on real lines
+    sizes = [
+        (access_line_attrs(row["text"]) or ({}, ""))[0].get("request_bytes")
+        for row in _fixture_rows()
+        if row["expect"] != "none"
+    ]
+    assert sizes == [1100, 205, 0, 117]

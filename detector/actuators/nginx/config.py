@@ -67,7 +67,9 @@ class RateLimit:
 
     The rate is ``rate_per_s`` (nginx ``rate=Nr/s``) or ``rate_per_min`` (``rate=Nr/m``):
     exactly one, >= 1. ``burst``: requests above the rate served at once (>= 0; 0 leaves
-    ``burst`` out, nginx's default); ``connections``: requests in progress at once (>= 1;
+    ``burst`` out, nginx's default), or with ``queue`` the requests over the rate that wait
+    (no ``nodelay``: nginx delays them to the rate instead of answering 429, a gateway queue
+    that clients do not retry against); ``connections``: requests in progress at once (>= 1;
     None: no ``limit_conn``); ``zone``: the shared memory zone name (letters, digits, ``_``;
     the connection zone is ``<zone>_conn``); ``zone_size``: the size of each zone (``10m``,
     ``512k``); ``key``: a constant (one bucket for all clients) or nginx variables
@@ -84,6 +86,7 @@ class RateLimit:
     status: int = 429
     rate_per_min: int | None = None
     connections: int | None = None
+    queue: bool = False
 
     def __post_init__(self) -> None:
         numbers = (
@@ -137,7 +140,7 @@ class RateLimit:
         )
         conns = f" limit_conn {self.connections}" if self.connections is not None else ""
         return (
-            f"limit_req {rate} burst {self.burst}{conns} key {self.key} "
+            f"limit_req {rate} burst {self.burst}{' queued' * self.queue}{conns} key {self.key} "
             f"zone={self.zone} ({self.zone_size}) -> {self.status}"
         )
 
@@ -211,7 +214,8 @@ def render_location(limit: RateLimit | None) -> str:
     if limit is None:
         return text + "# No rate limit in force.\n"
     burst = f" burst={limit.burst}" if limit.burst else ""
-    text += f"limit_req zone={limit.zone}{burst} nodelay;\nlimit_req_status {limit.status};\n"
+    nodelay = "" if limit.queue and limit.burst else " nodelay"
+    text += f"limit_req zone={limit.zone}{burst}{nodelay};\nlimit_req_status {limit.status};\n"
     if limit.connections is not None:
         text += f"limit_conn {limit.conn_zone} {limit.connections};\n"
         text += f"limit_conn_status {limit.status};\n"

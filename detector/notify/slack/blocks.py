@@ -239,6 +239,10 @@ def _step_text(step: Mapping[str, Any], now: datetime | None) -> str:
             f"{approval['status']} by {code(approval['decided_by'])} "
             f"via {text(approval.get('via') or '?', 20)} at {when}"
         )
+    mechanism = (step.get("params") or {}).get("mechanism")
+    if mechanism:
+        evidence = (step.get("params") or {}).get("mechanism_evidence") or ""
+        lines.append(f"mechanism {code(str(mechanism), 40)}: {text(str(evidence), 300)}")
     if step.get("reason"):
         lines.append(text(step["reason"], 600))
     return "\n".join(lines)
@@ -246,6 +250,8 @@ def _step_text(step: Mapping[str, Any], now: datetime | None) -> str:
 
 # The parameters that say what a step touches, in the order they are shown.
 BLAST_PARAMS = (
+    ("max_body_bytes", "refuses requests over, bytes (413)"),
+    ("refused_share_text", "of the traffic before"),
     ("pods", "pods"),
     ("current_settings", "now"),
     ("settings", "after"),

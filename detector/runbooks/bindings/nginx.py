@@ -34,10 +34,11 @@ def rate_limit_from_step(
     The rate is the step's aggregate limit (``detector.runbooks.rate_limits.aggregate_limit``:
     ``aggregate_limit_rpm``, the healthy ok rate before the last victim scaled to the replicas
     serving, relaxed by the lift), as ``r/s`` when it is whole requests per second, else
-    ``r/m``; ``limit_conn`` is its ``aggregate_connections``. With the default constant ``key``
-    every client shares the one bucket. The zone is named after the step's ``namespace`` and
-    ``ingress`` params. Raises ActuatorError(``invalid_request``) for another action or a step
-    without a usable rate.
+    ``r/m``; ``limit_conn`` is its ``aggregate_connections``; a ``queue_burst`` param makes the
+    burst a queue (requests over the rate wait for it: no ``nodelay``). With the default
+    constant ``key`` every client shares the one bucket. The zone is named after the step's
+    ``namespace`` and ``ingress`` params. Raises ActuatorError(``invalid_request``) for another
+    action or a step without a usable rate.
     """
     if step.action is not Action.ENABLE_RATE_LIMIT:
         raise ActuatorError(
@@ -52,11 +53,13 @@ def rate_limit_from_step(
         )
     zone = zone_name(step.params.get("namespace", ""), step.params.get("ingress", ""))
     per_s, per_min = (limit.rpm // 60, None) if limit.rpm % 60 == 0 else (None, limit.rpm)
+    queue = coerce_int(step.params.get("queue_burst")) or 0
     return RateLimit(
         zone=zone,
         rate_per_s=per_s,
         rate_per_min=per_min,
-        burst=burst,
+        burst=queue or burst,
+        queue=queue > 0,
         zone_size=zone_size,
         key=key,
         connections=limit.connections,
