@@ -327,9 +327,10 @@ def build_variables(
     clients seen), rate_limit_basis, queue_burst and queue_wait_s (the requests over the
     budget the gateway queues, ``QUEUE_WAIT_S`` of it), ingress_name, upstream, restart_order
     (crashed_pods then healthy_restarts, see ``restart_plan``), restart_order_basis,
-    spacing_s, model_load_s, spacing_basis, gateway (the configured 429 gateway, "" when none), and the failure
-    mechanism (``detector.runbooks.mechanism.diagnose``): mechanism, mechanism_evidence,
-    max_body_bytes and refused_share (the quarantine's bound and what it refuses),
+    spacing_s, model_load_s, spacing_basis, gateway (the configured 429 gateway, "" when
+    none), and the failure mechanism (``detector.runbooks.mechanism.diagnose``): mechanism,
+    mechanism_evidence, max_body_bytes and refused_share (the quarantine's bound and what it
+    refuses),
     evidence_until, class_victims. Rates are per second.
     """
     floors = _merge_floors(floors)
