@@ -57,14 +57,14 @@ POISON = 700 + 4 * 12_000  # a 12k-token prompt_logprobs request (poison-request
             VLLM,
             Mechanism.OVERSIZED,
             int(0.9 * POISON),
-        ),  # fmt: skip
+        ),
         # a second death that held chat only: no class explains every death
         (
             [("a", 0, [POISON, 3000], True), ("b", 1, [4000, 3000], True)],
             VLLM,
             Mechanism.LOAD,
             None,
-        ),  # fmt: skip
+        ),
         # the largest held is an ordinary request: load on a paged engine...
         ([("a", 0, [9000, 4000, 3000], True)], VLLM, Mechanism.LOAD, None),
         # ...and batch x length on a server that does not page its KV cache
