@@ -108,8 +108,14 @@ def test_too_few_requests_before_to_compare() -> None:
 
 
 def lb(t: float, status: int, size: int, addr: str = "10.0.0.7:8000") -> Signal:
-    attrs: dict[str, Any] = {"status": status, "request_bytes": size, "upstream": "llm-vllm-m-8000",
-                             "upstream_addr": addr, "upstream_status": status, "count": 1}  # fmt: skip
+    attrs: dict[str, Any] = {
+        "status": status,
+        "request_bytes": size,
+        "upstream": "llm-vllm-m-8000",
+        "upstream_addr": addr,
+        "upstream_status": status,
+        "count": 1,
+    }
     return Signal(SignalKind.LB_RESPONSE, T0 + t, SourcePos("lb", int(t * 1000)), "ingress",
                   "ingress-nginx-controller-x", attrs=attrs)  # fmt: skip
 
