@@ -64,10 +64,10 @@ def test_a_poison_class_is_quarantined_first_and_follows_the_class() -> None:
     assert t is not None and t.move is Move.AUTO_APPROVE
     assert t.replan is not None and t.replan["max_body_bytes"] == str(int(0.9 * POISON))
     # applied, verifying; a larger request of the same victim comes in: the rule follows
+    base = Health(time=T0 + 1, stage="suspected", victims=("a",)).as_record()
     applied = StepRecord(state=StepState.VERIFYING.value, since=T0 + 1, mode="live",
                          applied_at=T0 + 1, params=dict(quarantine.params), in_place=True,
-                         deadline_at=T0 + 121,
-                         baseline=Health(time=T0 + 1, stage="suspected", victims=("a",)).as_record())  # fmt: skip
+                         deadline_at=T0 + 121, baseline=base)  # fmt: skip
     bigger = steps(("a", 0, (POISON + 4000, POISON, 3000), True))
     t = next_transition([quarantine], {quarantine.step_id: applied}, cond(T0 + 2, bigger))
     assert t is not None and t.move is Move.RESIZE
