@@ -52,15 +52,17 @@ def test_victims_are_listed_in_order_of_failure(demo: dict[str, Any]) -> None:
     assert times == sorted(times)
 
 
-def test_three_containment_steps_are_planned_in_dry_run(demo: dict[str, Any]) -> None:
+def test_four_containment_steps_are_planned_in_dry_run(demo: dict[str, Any]) -> None:
     steps = demo["incidents"][0]["steps"]
     assert [s["action"] for s in steps] == [
+        "quarantine_requests",
         "lower_batch_ceiling",
         "enable_rate_limit",
         "stagger_restarts",
     ]
     assert all(s["status"] == "dry_run" for s in steps)
-    restart = steps[2]["params"]
+    assert {s["params"]["mechanism"] for s in steps} == {"load"}  # no request class stands out
+    restart = steps[3]["params"]
     assert restart  # rendered from the incident, not empty
 
 

@@ -34,8 +34,13 @@ import pytest
 from small_cascade import rate_step
 
 from detector.actuators.base import Status
-from detector.actuators.nginx.config import RateLimit
-from detector.actuators.nginx.limiter import NginxGateway, NginxRateLimiter, serving_children
+from detector.actuators.nginx.config import AdmissionRule, RateLimit
+from detector.actuators.nginx.limiter import (
+    NginxAdmission,
+    NginxGateway,
+    NginxRateLimiter,
+    serving_children,
+)
 from detector.runbooks.bindings.nginx import rate_limit_from_step
 
 START_TIMEOUT_S = 15.0
@@ -64,6 +69,7 @@ http {{
         listen 127.0.0.1:{port};
         location / {{
             include {root}/conf/detector/location.conf;
+            include {root}/conf/detector/admission.conf;
             proxy_pass http://127.0.0.1:{backend};
         }}
     }}
@@ -133,12 +139,14 @@ def nginx(tmp_path: Path) -> Iterator[RunningNginx]:
     conf.write_text(CONFIG.format(root=root, port=port, backend=backend))
     http_include = root / "conf/detector/http.conf"
     location_include = root / "conf/detector/location.conf"
-    http_include.touch()  # the documented wiring: both includes exist before nginx starts
+    http_include.touch()  # the documented wiring: the includes exist before nginx starts
     location_include.touch()
+    (root / "conf/detector/admission.conf").touch()
     gateway = NginxGateway(
         conf_path=conf,
         http_include=http_include,
         location_include=location_include,
+        admission_include=root / "conf/detector/admission.conf",
         prefix=root,
         pid_file=root / "nginx.pid",
         error_log=root / "logs" / "startup.log",
@@ -329,3 +337,28 @@ def test_reload_nginx_rejects_is_caught_and_the_files_restored(nginx: RunningNgi
         assert gateway.http_include.read_text() == ""
         assert gateway.location_include.read_text() == ""
         assert burst(nginx.port)[0] == Counter({200: BURST_N})
+
+
+def post(port: int, size: int) -> int:
+    """POST a JSON body of ``size`` bytes; return the status."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        body = b'{"prompt": "' + b"x" * max(0, size - 14) + b'"}'
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_the_quarantine_refuses_the_class_with_413_and_is_lifted(nginx: RunningNginx) -> None:
+    assert (post(nginx.port, 48_000), post(nginx.port, 2_000)) == (200, 200)
+    actuator = NginxAdmission(nginx.gateway)
+    step_plan = actuator.plan(AdmissionRule(40_000))  # 39k: a 12k-token prompt is over it
+    assert "+client_max_body_size 39k;" in step_plan.diff
+    assert actuator.apply(step_plan, dry_run=False).status is Status.OK
+    assert (post(nginx.port, 48_000), post(nginx.port, 2_000)) == (413, 200)
+    assert burst(nginx.port)[0] == Counter({200: BURST_N})  # the rest flows as before
+    assert actuator.revert(step_plan, dry_run=False).status is Status.OK
+    assert post(nginx.port, 48_000) == 200
