@@ -569,6 +569,8 @@ def _resize(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition 
     size, old = fresh.get("max_body_bytes"), applied.get("max_body_bytes")
     if fresh.get("mechanism") != "oversized_requests" or _number(size) is None or size == old:
         return None
+    if (why := _rails(step, cond, Move.RESIZE)) is not None:
+        return _blocked(step, rec, cond.now, why)
     keys = ("max_body_bytes", "refused_share_text", "annotations", "mechanism_evidence", "basis")
     params = {**applied, **{k: fresh[k] for k in keys if k in fresh}}
     why = f"max_body_bytes {old} -> {size}: {fresh.get('mechanism_evidence', '')}"

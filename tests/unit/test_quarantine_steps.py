@@ -72,6 +72,9 @@ def test_a_poison_class_is_quarantined_first_and_follows_the_class() -> None:
     t = next_transition([quarantine], {quarantine.step_id: applied}, cond(T0 + 2, bigger))
     assert t is not None and t.move is Move.RESIZE
     assert t.params is not None and t.params["max_body_bytes"] == str(int(0.9 * (POISON + 4000)))
+    held = replace(cond(T0 + 2, bigger), kill_switch=True)  # the rails hold a resize too
+    t = next_transition([quarantine], {quarantine.step_id: applied}, held)
+    assert t is not None and t.move is Move.BLOCKED
 
 
 def test_a_victim_that_held_the_class_does_not_fail_the_quarantine() -> None:
