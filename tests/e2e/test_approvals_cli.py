@@ -52,7 +52,7 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     assert inc["steps"][2]["state"] == "awaiting_approval"
     for who, code, words in [
         ("mallory", 1, "not on the approver allow-list"),
-        ("alice", 0, f"approved: step 3 stagger_restarts of {key} by alice (dry-run:"),
+        ("alice", 0, f"approved: step 4 stagger_restarts of {key} by alice (dry-run:"),
         ("bob", 1, "not pending"),
     ]:
         proc = detector(
@@ -96,7 +96,7 @@ def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
     digest = inc["steps"][2]["approval_state"]["plan"]
     expires = inc["steps"][2]["approval_state"]["expires_at"]
     listed = detector("incidents", "--db", url).stdout
-    assert f"waiting: step 3 stagger_restarts until {expires} (plan {digest})" in listed
+    assert f"waiting: step 4 stagger_restarts until {expires} (plan {digest})" in listed
     args = ("approve", inc["key"], "4", "--as", "alice", "--db", url)
     stale = detector(*args, "--plan", "000000000000", **APPROVERS)
     assert stale.returncode == 1 and "the plan changed" in stale.stderr, stale.stderr
@@ -121,7 +121,7 @@ def test_deny_hands_over_and_refusals_exit_non_zero(tmp_path: Path) -> None:
     recording = awaiting_now(tmp_path / "cut")
     key = replay(url, recording)["key"]
     proc = detector("deny", key, "4", "--as", "bob", "--db", url, **APPROVERS)
-    assert proc.returncode == 0 and "denied: step 3 stagger_restarts" in proc.stdout
+    assert proc.returncode == 0 and "denied: step 4 stagger_restarts" in proc.stdout
     inc = replay(url, recording)
     assert inc["steps"][2]["state"] == "denied"
     assert inc["steps"][2]["approval_state"]["status"] == "denied"

@@ -51,7 +51,7 @@ def test_the_report_gives_the_key_the_commands_and_who_may_run_them(tmp_path: Pa
     argv = shlex.split(approve.replace("NAME", "alice"))
     done = detector(*argv[1:], **APPROVERS)
     assert done.returncode == 0, done.stderr
-    assert f"approved: step 3 stagger_restarts of {key} by alice" in done.stdout
+    assert f"approved: step 4 stagger_restarts of {key} by alice" in done.stdout
     after = detector("show", key, "--db", url, **APPROVERS).stdout
     assert "approve:" not in after and "waiting for a person" not in after
 
@@ -79,7 +79,7 @@ def test_incidents_lists_each_waiting_step_with_its_commands(tmp_path: Path) -> 
     lines = listed.stdout.splitlines()
     assert lines[0].startswith(f"{key}  cascading  llm/vllm-llama  victims=4")
     assert lines[1] == (
-        f"  waiting: step 3 stagger_restarts until {approval['expires_at']} "
+        f"  waiting: step 4 stagger_restarts until {approval['expires_at']} "
         f"(plan {approval['plan']})"
     )
     assert "may decide now: alice, bob" in lines[2]

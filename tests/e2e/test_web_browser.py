@@ -101,7 +101,7 @@ def test_list_shows_the_incident_and_filters_by_stage(tab: Tab, server: dict[str
     expect(row).to_have_count(1)
     expect(row).to_contain_text("llm/vllm-llama")
     expect(row).to_contain_text(server["key"])
-    expect(row.locator(".badge.waiting")).to_have_text("step 3")
+    expect(row.locator(".badge.waiting")).to_have_text("step 4")
 
     page.goto(f"{base}/incidents?stage={other_stage(server)}")
     expect(page.locator("select[name=stage]")).to_have_value(other_stage(server))
@@ -185,7 +185,7 @@ def test_actions_need_a_login_and_the_forms_csrf_token(tab: Tab, server: dict[st
     forged = page.request.post(action, form={"csrf": "0" * 64, "plan": "", "reason": ""})
     assert forged.status == 403
     page.goto(f"{base}/incidents/{server['id']}")
-    expect(page.locator("#step-3 .decide a.button.primary")).to_be_visible()  # still waiting
+    expect(page.locator("#step-4 .decide a.button.primary")).to_be_visible()  # still waiting
     assert_same_origin(tab, base)
 
 
@@ -207,7 +207,7 @@ def test_approval_on_the_page_lands_in_the_store(tab: Tab, server: dict[str, Any
     page, base = tab.page, server["base"]
     log_in(tab, base, f"/incidents/{server['id']}")
     expect(page).to_have_url(f"{base}/incidents/{server['id']}")
-    page.click("#step-3 a:text-is('Approve…')")
+    page.click("#step-4 a:text-is('Approve…')")
     expect(page.locator("h1")).to_contain_text("Approve step 3")
     radius = page.locator("dl.radius")
     expect(radius).to_be_visible()
@@ -215,9 +215,9 @@ def test_approval_on_the_page_lands_in_the_store(tab: Tab, server: dict[str, Any
     page.click("form.card button.primary")
 
     expect(page).to_have_url(f"{base}/incidents/{server['id']}")
-    decided = page.locator("#step-3 p.decided")
+    decided = page.locator("#step-4 p.decided")
     expect(decided).to_contain_text("approved by alice via web")
-    expect(page.locator("#step-3 .decide")).to_have_count(0)
+    expect(page.locator("#step-4 .decide")).to_have_count(0)
     engine = create_engine(server["url"])
     try:
         with engine.connect() as conn:

@@ -142,7 +142,7 @@ def test_approve_records_the_token_owner_then_conflicts(server: dict[str, Any]) 
             assert incident is not None
             entry = service.timeline(session=session, incident=incident)[-1]
             assert entry.message == (
-                "step 3 stagger_restarts approved by alice via http: crash-looping, go"
+                "step 4 stagger_restarts approved by alice via http: crash-looping, go"
             )
             assert entry.detail is not None and entry.detail["actor"] == "alice"
     finally:

@@ -55,6 +55,7 @@ error_log {root}/logs/error.log notice;
 events {{ worker_connections 256; }}
 http {{
     access_log off;
+    client_body_buffer_size 128k;  # request bodies in memory: workers may not own temp/
     client_body_temp_path {root}/temp/body;
     proxy_temp_path {root}/temp/proxy;
     fastcgi_temp_path {root}/temp/fastcgi;

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ceiling_for_any_mechanism
 from test_http_actuators import EnvoyFake, FakeServer, KongFake, RayFake, TritonFake
 
 from detector.actuators.base import Status
@@ -50,6 +51,7 @@ def _replay(tmp_path: Path, servers: dict[str, FakeServer], *, armed: bool) -> d
         "DETECTOR_CONTAINMENT__KONG__ADMIN_URL": servers["kong"].url,
         "DETECTOR_CONTAINMENT__KONG__SCOPES": '["services/llm"]',
     }
+    env["DETECTOR_RUNBOOK_PATH"] = ceiling_for_any_mechanism(tmp_path)  # the ceiling's binding
     if armed:
         env["DETECTOR_CONTAINMENT__ARMED_WORKLOADS"] = json.dumps([KEY])
     args = [sys.executable, "-m", "detector", "replay", "--json"]

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from conftest import ceiling_for_any_mechanism
 from kube_fake import FakeKube, Recorded, kube, write_kubeconfig
 from test_kubernetes_actuator import controller_configmap, ingress, pod, vllm_deployment
 
@@ -58,6 +59,7 @@ def _replay(tmp_path: Path, kubeconfig: Path, *, armed: bool) -> dict[str, Any]:
         "DETECTOR_CONTAINMENT__KUBERNETES__REQUEST_TIMEOUT_S": "5",
         "DETECTOR_CONTAINMENT__KUBERNETES__FIELD_MANAGER": "detector-test",
     }
+    env["DETECTOR_RUNBOOK_PATH"] = ceiling_for_any_mechanism(tmp_path)  # the ceiling's binding
     if armed:
         env["DETECTOR_CONTAINMENT__ARMED_WORKLOADS"] = json.dumps([f"{NS}/{WORKLOAD}"])
     args = [sys.executable, "-m", "detector", "replay", "--json"]

@@ -151,7 +151,7 @@ def _approval(settings: Settings) -> StepApproval:
     engine = db.make_engine(settings.database.url)
     try:
         with db.session_factory(engine)() as session:
-            return session.scalars(select(StepApproval).where(StepApproval.position == 3)).one()
+            return session.scalars(select(StepApproval).where(StepApproval.position == 4)).one()
     finally:
         engine.dispose()
 
@@ -219,7 +219,7 @@ def test_an_expired_step_is_refused_with_nothing_changed(
     [root] = _roots(emu)
     assert not [b for b in root["blocks"] if b["type"] == "actions"]  # expired: no buttons
     notifier = Notifier(settings, db.session_factory(db.make_engine(settings.database.url)))
-    value = json.dumps({"incident": root["metadata"]["event_payload"]["incident"], "step": 3,
+    value = json.dumps({"incident": root["metadata"]["event_payload"]["incident"], "step": 4,
                         "plan": _approval(settings).plan_digest})  # fmt: skip
     payload = block_actions_payload(user_id="U42", action_id="approve_step", value=value,
                                     channel=CHANNEL, message_ts=root["ts"])  # fmt: skip

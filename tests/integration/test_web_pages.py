@@ -58,7 +58,7 @@ def _approval(url: str) -> StepApproval:
     engine = db.make_engine(url)
     try:
         with db.session_factory(engine)() as session:
-            return session.scalars(select(StepApproval).where(StepApproval.position == 3)).one()
+            return session.scalars(select(StepApproval).where(StepApproval.position == 4)).one()
     finally:
         engine.dispose()
 
@@ -70,7 +70,7 @@ def test_reading_on_loopback_needs_no_login(store: tuple[str, int]) -> None:
         assert web.get("/readyz").json() == {"status": "ready"}
         listing = web.get("/incidents")
         assert listing.status_code == 200 and f"/incidents/{incident_id}" in listing.text
-        assert f'href="/incidents/{incident_id}#step-3"' in listing.text  # waiting for you
+        assert f'href="/incidents/{incident_id}#step-4"' in listing.text  # waiting for you
         page = web.get(f"/incidents/{incident_id}")
         assert page.status_code == 200
         assert page.text.count("died of GPU OOM at") == 4
@@ -80,7 +80,7 @@ def test_reading_on_loopback_needs_no_login(store: tuple[str, int]) -> None:
         assert not re.findall(r'(?:src|href)="(?:https?:)?//', page.text)  # nothing external
         api = web.get("/api/incidents").json()
         assert [i["id"] for i in api["incidents"]] == [incident_id]
-        assert api["incidents"][0]["waiting"] == [3]
+        assert api["incidents"][0]["waiting"] == [4]
         doc = web.get(f"/api/incidents/{incident_id}").json()
         assert len(doc["pods"]) == 4 and doc["timeline"] and doc["evidence"]
         assert web.get("/api/incidents/999999").status_code == 404
