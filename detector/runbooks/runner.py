@@ -29,6 +29,7 @@ from detector.actuators.base import (
     Reason,
     Status,
 )
+from detector.capacity.numbers import coerce_int
 from detector.correlate.context import IncidentContext
 from detector.incidents import service
 from detector.incidents.models import Incident
@@ -70,12 +71,18 @@ _DONE = frozenset(
 def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str | None, str]:
     """Return (target, content before, content after) that a step would change, as text.
 
+    Quarantine: the gateway's admission rule (nginx ``client_max_body_size``; before: none).
     Ceiling: the container args or env of the workload (before: the ceilings in force, from
     the engine's startup lines). Rate limit: the ingress annotations (before: none). Restart:
     the Eviction the API server would get for the ``pod`` param (an LWS: its group's leader;
     an Argo Rollout: its ``spec.restartAt`` patch instead; before: none).
     """
     p = params
+    if action is Action.QUARANTINE_REQUESTS:
+        target = f"gateway admission rule of {p.get('namespace')}/{p.get('ingress')}"
+        size = coerce_int(p.get("max_body_bytes"))
+        after = f"client_max_body_size {size // 1024}k; # 413 over it\n" if size else "none\n"
+        return target, None, after
     if action is Action.LOWER_BATCH_CEILING:
         where = f"{p.get('workload_kind')}/{p.get('namespace')}/{p.get('workload')}"
         target = f"{where} container {p.get('set_via', 'args')}"

@@ -49,7 +49,7 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     start = time.time() - AWAITING_S - 30.0  # event time near the wall clock
     inc = replay(url, cascade(tmp_path / "cut", start=start, until_s=AWAITING_S))
     key = inc["key"]
-    assert inc["steps"][2]["state"] == "awaiting_approval"
+    assert inc["steps"][3]["state"] == "awaiting_approval"
     for who, code, words in [
         ("mallory", 1, "not on the approver allow-list"),
         ("alice", 0, f"approved: step 4 stagger_restarts of {key} by alice (dry-run:"),
@@ -73,7 +73,7 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     # and only pods still down are restarted (the others came back on their own meanwhile)
     full = cascade(tmp_path / "full", start=start)
     again = replay(url, full)
-    restart = again["steps"][2]
+    restart = again["steps"][3]
     assert restart["approval_state"]["decided_by"] == "alice"
     assert restart["approval_state"]["via"] == "cli"
     assert restart["state"] in ("verifying", "verified") and restart["mode"] == "dry_run"
@@ -93,8 +93,8 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
 def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_now(tmp_path / "cut"))
-    digest = inc["steps"][2]["approval_state"]["plan"]
-    expires = inc["steps"][2]["approval_state"]["expires_at"]
+    digest = inc["steps"][3]["approval_state"]["plan"]
+    expires = inc["steps"][3]["approval_state"]["expires_at"]
     listed = detector("incidents", "--db", url).stdout
     assert f"waiting: step 4 stagger_restarts until {expires} (plan {digest})" in listed
     args = ("approve", inc["key"], "4", "--as", "alice", "--db", url)
@@ -107,7 +107,7 @@ def test_a_decision_on_another_plan_is_refused(tmp_path: Path) -> None:
 def test_a_late_approval_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_in_2025(tmp_path / "cut"))  # its approval expired in 2025
-    assert inc["steps"][2]["state"] == "awaiting_approval"
+    assert inc["steps"][3]["state"] == "awaiting_approval"
     before = detector("incidents", "--json", "--db", url).stdout
     assert "expired, no longer decidable" in detector("incidents", "--db", url).stdout
     proc = detector("approve", inc["key"], "4", "--as", "alice", "--db", url, **APPROVERS)
@@ -123,12 +123,12 @@ def test_deny_hands_over_and_refusals_exit_non_zero(tmp_path: Path) -> None:
     proc = detector("deny", key, "4", "--as", "bob", "--db", url, **APPROVERS)
     assert proc.returncode == 0 and "denied: step 4 stagger_restarts" in proc.stdout
     inc = replay(url, recording)
-    assert inc["steps"][2]["state"] == "denied"
-    assert inc["steps"][2]["approval_state"]["status"] == "denied"
+    assert inc["steps"][3]["state"] == "denied"
+    assert inc["steps"][3]["approval_state"]["status"] == "denied"
     cases = [
         (("approve", "llm/nope@1", "4", "--as", "alice"), APPROVERS, 2, "no incident"),
         (("approve", key, "reboot", "--as", "alice"), APPROVERS, 2, "has no step"),
-        (("approve", key, "1", "--as", "alice"), APPROVERS, 1, "is approved, not pending"),
+        (("approve", key, "3", "--as", "alice"), APPROVERS, 1, "is approved, not pending"),
         (("approve", key, "4", "--as", "alice"), {}, 1, "no approvers configured"),
     ]
     for args, env, code, words in cases:
@@ -146,8 +146,9 @@ def test_arm_and_disarm(tmp_path: Path) -> None:
     assert detector("arm", "vllm-llama", "--db", url).returncode == 2  # not NAMESPACE/WORKLOAD
     # armed, and the process not in dry-run, but no actuator registered: still only recorded
     inc = replay(url, DETECTOR_DRY_RUN="false")
-    assert [s["mode"] for s in inc["steps"][:2]] == ["dry_run", "dry_run"]
-    assert inc["steps"][0]["status"] == "dry_run"
+    # the quarantine and the ceiling were passed over (the mechanism is load): the limit acted
+    assert [s["mode"] for s in inc["steps"][:3]] == [None, None, "dry_run"]
+    assert inc["steps"][2]["status"] == "dry_run"
     disarmed = detector("disarm", "llm/vllm-llama", "--db", url)
     assert disarmed.returncode == 0 and "dry-run only" in disarmed.stdout
 
@@ -159,8 +160,8 @@ def test_the_kill_switch_holds_every_step(tmp_path: Path) -> None:
     assert on.returncode == 0 and f"kill switch on (the store {url})" in on.stdout
     recording = awaiting_in_2025(tmp_path / "cut")  # still cascading at its end
     inc = replay(url, recording)
-    ceiling = inc["steps"][0]
-    assert ceiling["state"] == "approved" and ceiling["mode"] is None  # never acted
+    limit = inc["steps"][2]  # the first step for the mechanism (load)
+    assert limit["state"] == "approved" and limit["mode"] is None  # never acted
     blocked = [t for t in inc["timeline"] if t.get("detail", {}).get("event") == "blocked"]
     assert len(blocked) == 1 and "kill switch is on" in blocked[0]["message"]
     off = detector("kill-switch", "off", "--db", url)
@@ -171,7 +172,7 @@ def test_the_kill_switch_holds_every_step(tmp_path: Path) -> None:
     assert "the setting" in detector("kill-switch", "status", "--db", url, **env).stdout
     assert detector("kill-switch", "maybe", "--db", url).returncode == 2
     after = replay(url, recording)  # released: the held step goes on
-    assert after["steps"][0]["mode"] == "dry_run"
+    assert after["steps"][2]["mode"] == "dry_run"
 
 
 def test_serve_refuses_bad_settings(tmp_path: Path) -> None:

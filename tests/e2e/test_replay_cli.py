@@ -116,7 +116,7 @@ def test_a_second_replay_keeps_the_final_plan(tmp_path: Path) -> None:
     first = replay_json(url, EXAMPLES / "cascade")
     second = replay_json(url, EXAMPLES / "cascade")
     assert second["incidents"][0]["steps"] == first["incidents"][0]["steps"]
-    restart = second["incidents"][0]["steps"][2]
+    restart = second["incidents"][0]["steps"][3]
     assert restart["state"] == "withdrawn"
     assert restart["params"]["pods"] == []  # every pod came back before anyone approved
 
@@ -160,19 +160,24 @@ def test_a_plain_text_pod_log_is_read_with_the_identity_given(tmp_path: Path) ->
 def test_every_step_shows_its_change_approval_and_verification(demo: dict[str, Any]) -> None:
     """The dry-run replay shows, per step, its diff, approval and verification."""
     inc = demo["incidents"][0]
-    ceiling, rate, restart = inc["steps"]
+    quarantine, ceiling, rate, restart = inc["steps"]
     for step in inc["steps"]:
-        assert step["approval_state"]["status"] in ("approved", "withdrawn")
+        assert step["approval_state"]["status"] in ("approved", "withdrawn", "not_requested")
         assert step["verification"]["result"] in ("passed", "failed", "not_run")
-    assert "+--max-num-seqs=13" in ceiling["diff"] and "---max-num-seqs=256" in ceiling["diff"]
+    # the bundled cascade's mechanism is load on vLLM: no request class, the KV cache paged
+    for step in (quarantine, ceiling):
+        assert (step["state"], step["mode"]) == ("not_needed", None)
+        assert "not for this mechanism: load" in step["reason"]
     assert 'nginx.ingress.kubernetes.io/limit-rps: "' in rate["diff"]
     assert restart["diff"] == ""  # withdrawn: no pod left to evict
-    # the cascade spread after each automatic step: verified failed, escalated to the next
-    for step in (ceiling, rate):
-        assert (step["state"], step["mode"], step["policy"]) == ("escalated", "dry_run", "auto")
-        assert step["approval_state"]["decided_by"] == "policy:auto"
-        checks = {c["check"]: c for c in step["verification"]["checks"]}
-        assert step["verification"]["result"] == "failed" and not checks["ooms_stop"]["ok"]
+    # the cascade spread after the automatic step: verified failed, escalated to the next
+    assert (rate["state"], rate["mode"], rate["policy"]) in (
+        ("escalated", "dry_run", "auto"),
+        ("lifting", "dry_run", "auto"),  # relaxed once the incident was contained
+    )
+    assert rate["approval_state"]["decided_by"] == "policy:auto"
+    checks = {c["check"]: c for c in rate["verification"]["checks"]}
+    assert rate["verification"]["result"] == "failed" and not checks["ooms_stop"]["ok"]
     # every pod came back while it waited: the restart step was withdrawn, nothing evicted
     assert (restart["state"], restart["policy"]) == ("withdrawn", "approval")
     assert restart["approval_state"]["status"] == "withdrawn"
@@ -185,10 +190,9 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
     inc = demo["incidents"][0]
     details = [t["detail"] for t in inc["timeline"] if "detail" in t]
     events = [(d["step"], d["event"]) for d in details]
-    assert events == [
-        ("lower_batch_ceiling", "auto_approved"),
-        ("lower_batch_ceiling", "applied"),
-        ("lower_batch_ceiling", "escalated"),
+    assert events[:9] == [
+        ("quarantine_requests", "not_needed"),  # not for this mechanism (load)
+        ("lower_batch_ceiling", "not_needed"),
         ("enable_rate_limit", "auto_approved"),
         ("enable_rate_limit", "applied"),
         ("enable_rate_limit", "escalated"),
@@ -196,16 +200,17 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
         ("stagger_restarts", "approval_re_requested"),  # a pod came back: a smaller plan
         ("stagger_restarts", "approval_re_requested"),
         ("stagger_restarts", "approval_re_requested"),
-        ("stagger_restarts", "withdrawn"),  # the last one came back: nothing to restart
     ]
+    assert events[9] == ("stagger_restarts", "withdrawn")  # the last one came back
+    assert set(events[10:]) <= {("enable_rate_limit", "lifted")}  # relaxed once contained
     for d in details:
         assert d["actor"] and d["reason"] and d["state"]
     applied = [d for d in details if d["event"] == "applied"]
     assert all(d["mode"] == "dry_run" and d["diff"] for d in applied)
     escalated = [d for d in details if d["event"] == "escalated"]
     assert all(d["verification"]["result"] == "failed" for d in escalated)
-    asked = details[6]
+    asked = details[5]
     assert "restart vllm-llama-" in asked["reason"] and "one at a time" in asked["reason"]
     assert asked["approval"]["status"] == "pending"
     messages = [t["message"] for t in inc["timeline"] if "detail" in t]
-    assert "would be applied [dry-run: nothing changed; the detector runs with" in messages[1]
+    assert "would be applied [dry-run: nothing changed; the detector runs with" in messages[3]

@@ -32,8 +32,8 @@ def test_the_report_gives_the_key_the_commands_and_who_may_run_them(tmp_path: Pa
     url = f"sqlite:///{tmp_path / 's.db'}"
     recording = awaiting_now(tmp_path / "cut")
     inc = replay(url, recording)
-    key, digest = inc["key"], inc["steps"][2]["approval_state"]["plan"]
-    tail = f"{key} 3 --as NAME --plan {digest} --db {url}"
+    key, digest = inc["key"], inc["steps"][3]["approval_state"]["plan"]
+    tail = f"{key} 4 --as NAME --plan {digest} --db {url}"
     approve, deny = f"detector approve {tail}", f"detector deny {tail} --reason WHY"
 
     report = detector("replay", "--db", url, str(recording), **APPROVERS)
@@ -44,7 +44,7 @@ def test_the_report_gives_the_key_the_commands_and_who_may_run_them(tmp_path: Pa
         assert "may decide now: alice, bob (DETECTOR_CONTAINMENT__APPROVERS;" in proc.stdout
         assert _commands(proc.stdout) == {"approve": approve, "deny": deny}
     # the step's lines come before its diff, where they are seen
-    section = shown.stdout[shown.stdout.index("3. stagger_restarts") :]
+    section = shown.stdout[shown.stdout.index("4. stagger_restarts") :]
     assert section.index("approve: detector") < section.index("--- /dev/null")
 
     # the command as printed works once NAME is filled in
@@ -71,8 +71,8 @@ def test_without_approvers_the_report_says_how_to_configure_one(tmp_path: Path) 
 def test_incidents_lists_each_waiting_step_with_its_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     inc = replay(url, awaiting_now(tmp_path / "cut"))
-    key, approval = inc["key"], inc["steps"][2]["approval_state"]
-    tail = f"{key} 3 --as NAME --plan {approval['plan']} --db {url}"
+    key, approval = inc["key"], inc["steps"][3]["approval_state"]
+    tail = f"{key} 4 --as NAME --plan {approval['plan']} --db {url}"
 
     listed = detector("incidents", "--db", url, **APPROVERS)
     assert listed.returncode == 0, listed.stderr
