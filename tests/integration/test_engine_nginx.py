@@ -111,11 +111,12 @@ def test_armed_rate_limit_is_applied_relaxed_and_removed(
             counts, elapsed = burst(nginx.port)
             assert_limited(counts, elapsed, planned_rate_limit())
 
-            assert tick("contained", 100) == ["verified"]
-            assert tick("resolved", 500) == ["lifted"]  # x2, through nginx -t and reload
+            # contained: the limit was sized for the pods left, it relaxes as they come back
+            assert tick("contained", 100) == ["verified", "lifted"]  # x2, nginx -t and reload
             assert "rate=5r/s" in nginx.gateway.http_include.read_text()  # 300 r/m
-            assert tick("resolved", 560) == []  # not before the lift interval
-            assert tick("resolved", 620) == ["removed"]  # limit_rps 8 reaches the rate seen
+            assert tick("contained", 130) == []  # not before the lift interval
+            later = [e for dt in (500, 560, 620, 680) for e in tick("resolved", dt)]
+            assert later[-1] == "removed" and set(later[:-1]) <= {"lifted"}, later
             assert nginx.gateway.http_include.read_text() == ""
             assert nginx.gateway.location_include.read_text() == ""
             assert burst(nginx.port)[0] == Counter({200: BURST_N})
