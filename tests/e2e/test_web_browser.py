@@ -32,7 +32,7 @@ Tab = Any  # tests/e2e/conftest.py's Tab: a page in a fresh context, with .reque
 ALICE = "alice-token-0123456789"
 XSS = "<script>alert(1)</script> <img src=x onerror=alert(2)>"
 DECISION = text(
-    "SELECT status, decided_by, via FROM approvals WHERE incident_id = :i AND position = 3"
+    "SELECT status, decided_by, via FROM approvals WHERE incident_id = :i AND position = 4"
 )
 LIVE_WAIT_MS = 15_000  # live.js asks every 5 s
 
@@ -208,7 +208,7 @@ def test_approval_on_the_page_lands_in_the_store(tab: Tab, server: dict[str, Any
     log_in(tab, base, f"/incidents/{server['id']}")
     expect(page).to_have_url(f"{base}/incidents/{server['id']}")
     page.click("#step-4 a:text-is('Approve…')")
-    expect(page.locator("h1")).to_contain_text("Approve step 3")
+    expect(page.locator("h1")).to_contain_text("Approve step 4")
     radius = page.locator("dl.radius")
     expect(radius).to_be_visible()
     expect(radius).to_contain_text("vllm-llama-")  # the pods it restarts
