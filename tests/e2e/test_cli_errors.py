@@ -109,7 +109,7 @@ def test_ctrl_c_says_interrupted_and_exits_130() -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)  # past the imports, in the command
+    time.sleep(8)  # past the imports (slow on a loaded 2-core runner), in the command
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert (proc.returncode, err) == (130, "interrupted\n")
