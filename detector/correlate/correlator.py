@@ -46,6 +46,9 @@ CRASH_CAUSES_KEPT: Final = 64  # pods whose latest known crash cause is remember
 RESOLVED_KEPT_PER_WORKLOAD: Final = 4  # views of resolved incidents kept for ``context``
 SWEEPS_PER_WINDOW: Final = 4  # idle pods are looked for this often per correlation window
 NEXT_VICTIM: Final = "next_victim"  # the evidence kind of a next-victim forecast
+# a timeout on a dead victim's address this long after its death, no restart seen: a zombie
+# (``Correlator._zombie``); a process that exits resets its connections within a second
+ZOMBIE_AFTER_S: Final = 10.0
 _FORECAST_STAGES: Final = (Stage.SUSPECTED, Stage.CASCADING)
 _LB = SignalKind.LB_RESPONSE
 
@@ -344,7 +347,51 @@ class Correlator:
         if inc is not None and pod and pod in inc.victims:
             ip = self.resolver.ip_of(ws.ref.namespace, pod)
             ws.sizes.died(pod, inc.victims[pod], ip)
+            if ip is not None:
+                ws.dead_addrs[ip] = (pod, sig.time)
         return out
+
+    def _restarting(self, ws: WorkloadState, pod: str | None) -> None:
+        """A sign that ``pod`` is no longer the dead engine (a crash loop, a start, Ready)."""
+        if ws.dead_addrs:
+            for ip in [ip for ip, (p, _) in ws.dead_addrs.items() if p == pod]:
+                del ws.dead_addrs[ip]
+
+    def _zombie(self, ws: WorkloadState, sig: Signal, status: int) -> list[Decision]:
+        """A request that timed out (504) on a dead victim's address (``_undead``)."""
+        addr = sig.attrs.get("upstream_addr")
+        if status != 504 and sig.attrs.get("upstream_status") not in (504, "504"):
+            return []
+        if not isinstance(addr, str) or not addr:
+            return []
+        return self._undead(
+            ws,
+            sig,
+            addr,
+            f"the gateway still sends it requests and they time out (504 from {addr})",
+        )
+
+    def _undead(self, ws: WorkloadState, sig: Signal, addr: str, seen: str) -> list[Decision]:
+        """A dead victim's address still in service ``ZOMBIE_AFTER_S`` or more after its
+        death, with no sign of a restart since: its engine is dead while its server takes
+        requests and its probe says Ready (vllm#39863; before vLLM PR #21728 a dead EngineCore
+        left ``/health`` at 200), so nothing restarts it. A death that ends the process resets
+        its connections at once (502) and takes the pod out of the endpoints. Attached once
+        per death as ENGINE_DEAD evidence of the pod with ``zombie``."""
+        inc, found = ws.incident, ws.dead_addrs.get(host_of_address(addr))
+        if inc is None or found is None or sig.time - found[1] < ZOMBIE_AFTER_S:
+            return []
+        pod, died = found
+        if (pod, f"zombie@{died}") in inc.seen_configs:
+            return []
+        inc.seen_configs.add((pod, f"zombie@{died}"))
+        attrs = {"zombie": True, "died_at": died, "address": addr}
+        marked = replace(sig, kind=SignalKind.ENGINE_DEAD, pod=pod, attrs=attrs)
+        summary = (
+            f"pod {pod} is a zombie: its engine died {sig.time - died:.0f} s ago, yet {seen}; "
+            "its probe says Ready, so nothing restarts it"
+        )
+        return pattern.attach(inc, "engine_dead", marked, summary, self.cfg)
 
     def _engine_dead(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         inc = ws.incident
@@ -352,8 +399,19 @@ class Correlator:
             return []
         return pattern.attach(inc, "engine_dead", sig, f"engine dead in pod {sig.pod}", self.cfg)
 
+    def _start_failed(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        """A pod that could not start because its GPU's memory is held: evidence of an open
+        incident (a restart that does not help, told apart from a new death); nothing without
+        one (a start failure is no cascade)."""
+        self._restarting(ws, sig.pod)
+        if ws.incident is None:
+            return []
+        summary = pattern.start_failed_summary(sig)
+        return pattern.attach(ws.incident, "start_failed", sig, summary, self.cfg)
+
     def _crash_loop(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         ws.crash_loops.append(sig)
+        self._restarting(ws, sig.pod)
         out: list[Decision] = []
         pending = ws.ambiguous.pop(sig.pod or "", None)
         cause = ws.crash_causes.get(sig.pod or "")
@@ -370,6 +428,7 @@ class Correlator:
         return pattern.on_host_oom(ws, sig, self.cfg)
 
     def _pod_ready(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
+        self._restarting(ws, sig.pod)
         inc = ws.incident
         if inc is None or sig.pod not in inc.victims:
             return []
@@ -389,6 +448,8 @@ class Correlator:
                     del ws.reservations[next(p for p in ws.reservations if p)]
         if len(ws.engine_config) > 64:  # bound: drop the oldest
             del ws.engine_config[next(iter(ws.engine_config))]
+        if not pattern.ENGINE_UP_KEYS.isdisjoint(sig.attrs):  # its KV cache allocated: started
+            self._restarting(ws, sig.pod)
         if ws.incident is None:
             return []
         return pattern.attach_config(ws.incident, sig, self.cfg) + pattern.on_engine_back(
@@ -447,8 +508,18 @@ class Correlator:
         return self._pressure(ws, marked, what, ratio, fraction + RESERVATION_MARGIN)
 
     def _pod_address(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
-        """An EndpointSlice's pod IP: the resolver learned it; it is evidence of nothing."""
-        return []
+        """An EndpointSlice's pod IP (the resolver learned it). For a dead victim: listed
+        Ready long after its death it is a zombie (``_undead``); listed not Ready, its probe
+        saw the death."""
+        ready, ip = sig.attrs.get("ready"), sig.attrs.get("pod_ip")
+        if not ws.dead_addrs or not isinstance(ip, str):
+            return []
+        if ready is False:
+            self._restarting(ws, sig.pod)
+            return []
+        if ready is not True:
+            return []
+        return self._undead(ws, sig, ip, "the Service's endpoints still list it Ready")
 
     def _crash_cause(self, ws: WorkloadState, sig: Signal) -> list[Decision]:
         pod = sig.pod or ""
@@ -527,6 +598,8 @@ class Correlator:
         )
         ws.lb.add(sig.time, status, count, upstream_error)
         held = self._sizes(ws, sig, status, upstream_error)
+        if ws.dead_addrs:
+            held += self._zombie(ws, sig, status)
         client, proxy = attrs.get("client"), sig.pod
         if client is not None or proxy is not None:  # a sidecar's pod serves, it is no proxy
             ws.clients.add(sig.time, client, None if attrs.get("sidecar") else proxy, count)
@@ -689,6 +762,7 @@ def _context(ws: WorkloadState, inc: IncidentState) -> IncidentContext:
 _HANDLERS = {
     SignalKind.GPU_OOM: Correlator._gpu_oom,
     SignalKind.ENGINE_DEAD: Correlator._engine_dead,
+    SignalKind.START_FAILED: Correlator._start_failed,
     SignalKind.CRASH_LOOP: Correlator._crash_loop,
     SignalKind.HOST_OOM: Correlator._host_oom,
     SignalKind.POD_READY: Correlator._pod_ready,

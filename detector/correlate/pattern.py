@@ -104,6 +104,7 @@ def open_incident(
     inc = IncidentState(key=key, stage=Stage.SUSPECTED, opened_at=time, last_oom_at=time)
     ws.incident = inc
     ws.sizes.reset()
+    ws.dead_addrs.clear()
     out: list[Decision] = [IncidentOpened(key, ws.ref, time)]
     out.append(StageChanged(key, Stage.SUSPECTED, time, reason))
     for sig in ws.engine_config.values():
@@ -260,6 +261,22 @@ def oom_summary(sig: Signal) -> str:
     if a.get("gpu_index") is not None:
         parts.append(f"on GPU {a['gpu_index']}")
     return " ".join(parts)
+
+
+def start_failed_summary(sig: Signal) -> str:
+    """Describe a start-up that found the GPU's memory held, in one line."""
+    a = sig.attrs
+    free, cap = a.get("free_bytes"), a.get("capacity_bytes")
+    held = (
+        f" ({free / 2**30:.2f} of {cap / 2**30:.2f} GiB free)"
+        if isinstance(free, int) and isinstance(cap, int)
+        else ""
+    )
+    gpu = f" on GPU {a['gpu_index']}" if a.get("gpu_index") is not None else ""
+    return (
+        f"pod {sig.pod} could not start: its GPU's memory is still held{held}{gpu}, by the dead "
+        "engine or another process; restarting again does not help until it is freed"
+    )
 
 
 def pressure_summary(sig: Signal) -> str:

@@ -161,6 +161,8 @@ class WorkloadState:
     crash_verdict_at: float | None = None  # the last crash-cause verdict: one per episode
     resolved: deque[str] = field(default_factory=deque)  # keys of resolved incidents kept
     sizes: RequestSizes = field(default_factory=RequestSizes)  # request sizes at the gateway
+    # a victim's pod IP -> (pod, its death): its requests should stop, until it restarts
+    dead_addrs: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def forget_idle(self, horizon: float) -> list[str]:
         """Forget the pods and GPUs last seen before ``horizon`` (event time); return the pods.

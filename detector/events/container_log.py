@@ -32,17 +32,32 @@ _VERDICT_KIND = {
 }
 
 
+# GPU OOM reasons that say the engine could not start because the memory is held by another
+# process, not that serving ran out: vLLM's start-up check "Free memory on device (X/Y GiB) on
+# startup is less than desired GPU memory utilization" (``gpu_worker.py``; vllm#42017)
+START_FAILED_REASONS = frozenset({"startup_free_memory_check"})
+
+
+def _kind(verdict: Classification) -> SignalKind | None:
+    """Return the signal kind of a classifier verdict (None: no signal)."""
+    kind = _VERDICT_KIND.get(verdict.verdict)
+    if kind is SignalKind.GPU_OOM and verdict.reason in START_FAILED_REASONS:
+        return SignalKind.START_FAILED
+    return kind
+
+
 def signals_from_log_line(line: LogLine, source: SourcePos) -> list[Signal]:
     """Return the signals one container log record carries (usually none).
 
     Kinds: GPU_OOM (attrs framework, bytes_tried, capacity_bytes, free_bytes, gpu_index; plus
-    ambiguous=True when the text alone cannot decide, and quoted=True, ambiguous=True when the
-    OOM text is another component's HTTP error body), ENGINE_DEAD (framework), HOST_OOM (reason,
-    exit_code) from the classifier, and ENGINE_CONFIG / ENGINE_PRESSURE from
+    ambiguous=True when the text alone cannot decide, and quoted=True, ambiguous=True when the OOM
+    text is another component's HTTP error body), START_FAILED (the same numbers, for an engine
+    whose start-up found its GPU's memory held: ``START_FAILED_REASONS``), ENGINE_DEAD (framework),
+    HOST_OOM (reason, exit_code) from the classifier, and ENGINE_CONFIG / ENGINE_PRESSURE from
     ``parse_engine_line``; when none of these, CRASH_CAUSE (cause, cause_text, xid) from
-    ``detector.events.crash_causes``. Identity fields and time come from the ``LogLine``;
-    ``text`` is the line that decided, truncated to 2 KiB. A line is classified on its first
-    and last ``MAX_SCAN_CHARS`` characters, a multi-line record line by line (bounded windows).
+    ``detector.events.crash_causes``. Identity fields and time come from the ``LogLine``; ``text``
+    is the line that decided, truncated to 2 KiB. A line is classified on its first and last
+    ``MAX_SCAN_CHARS`` characters, a multi-line record line by line (bounded windows).
     """
     lower = line.text.lower()
     out = _classified(line, source) if _may_carry_signal(lower) else []
@@ -65,12 +80,14 @@ def _classified(line: LogLine, source: SourcePos) -> list[Signal]:
     out: list[Signal] = []
     if "\n" in text:
         for hit in record_findings(text):
-            kind = _VERDICT_KIND[hit.classification.verdict]
+            kind = _kind(hit.classification)
+            if kind is None:
+                continue
             attrs = _oom_attrs(hit.classification, kind)
             out.append(replace(line, text=hit.text).to_signal(kind, source, attrs))
     else:
         verdict = classify_line(text) if len(text) <= MAX_SCAN_CHARS else classify_long_line(text)
-        found = _VERDICT_KIND.get(verdict.verdict)
+        found = _kind(verdict)
         if found is not None:
             out.append(line.to_signal(found, source, _oom_attrs(verdict, found)))
     engine = parse_engine_line(text[:MAX_SCAN_CHARS])
@@ -103,7 +120,7 @@ def _oom_attrs(verdict: Classification, kind: SignalKind) -> dict[str, Any]:
         if verdict.reason == "exit_137":
             attrs["exit_code"] = 137
         return attrs
-    if kind is not SignalKind.GPU_OOM:
+    if kind not in (SignalKind.GPU_OOM, SignalKind.START_FAILED):
         return attrs
     for key in NUMBER_FIELDS:
         value = getattr(verdict, key)

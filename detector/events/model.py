@@ -81,6 +81,9 @@ class SignalKind(StrEnum):
     # a pod's IP from an EndpointSlice endpoint (targetRef kind Pod): identity only, it feeds
     # the resolver's IP -> pod map and is evidence of nothing (a not-Ready pod has one too)
     POD_ADDRESS = "pod_address"
+    # an engine that could not start because its GPU's memory is held: the dead engine's not
+    # yet freed, or another process's (vLLM's start-up free-memory check, vllm#42017)
+    START_FAILED = "start_failed"
 
 
 @slot_init
@@ -111,6 +114,7 @@ class Signal:
       ambiguous=True when the line alone cannot decide (the correlator then needs context);
       quoted=True when the OOM is another component's copy (an HTTP error body)
     - engine_dead: framework
+    - start_failed: framework, free_bytes, capacity_bytes, gpu_index (ints, bytes)
     - crash_loop: reason, restart_count, exit_code, last_reason, count
     - host_oom: reason, exit_code
     - pod_ready: ready (bool)

@@ -47,6 +47,7 @@ class EvidenceKind(StrEnum):
     POD_READY = "pod_ready"
     NEXT_VICTIM = "next_victim"  # a forecast: the survivor whose pressure reaches its ceiling next
     REQUEST_HELD = "request_held"  # a request a victim failed as it died: the largest so far
+    START_FAILED = "start_failed"  # a pod could not start: its GPU's memory is still held
 
 
 class TimelineKind(StrEnum):

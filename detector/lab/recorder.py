@@ -12,6 +12,7 @@ Envelopes, one JSON record per line:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
@@ -221,6 +222,50 @@ class Recorder:
             "reportingInstance": host,
             "clusterName": "",
             "involvedObject": self._involved(pod, container),
+        }
+        self.put("k8s-events.jsonl", t, record)
+
+    def endpoint_slice(self, t: float, service: str, endpoints: Sequence[tuple[Pod, bool]]) -> None:
+        """Add the Service's discovery.k8s.io/v1 EndpointSlice as a watch shows it at ``t``:
+        one endpoint per pod (its IP, ``conditions.ready``, ``targetRef``), as the
+        EndpointSlice controller writes it
+        (https://kubernetes.io/docs/reference/kubernetes-api/service-resources/endpoint-slice-v1/).
+        """
+        namespace = endpoints[0][0].namespace if endpoints else "default"
+        stamp = w.rfc3339(self.start + t)
+        record: dict[str, Any] = {
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                # the controller's generated suffix; from the name, not the seeded stream, so
+                # the records of the rest of a run stay what they were without slices
+                "name": f"{service}-{hashlib.sha256(service.encode()).hexdigest()[:5]}",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": service},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": stamp},
+            },
+            "addressType": "IPv4",
+            "endpoints": [
+                {
+                    "addresses": [pod.ip],
+                    "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                    "nodeName": pod.node,
+                    "targetRef": {
+                        "kind": "Pod",
+                        "namespace": pod.namespace,
+                        "name": pod.name,
+                        "uid": pod.uid,
+                    },
+                }
+                for pod, ready in endpoints
+            ],
+            "ports": [
+                {
+                    "name": "http",
+                    "port": endpoints[0][0].port if endpoints else 8000,
+                    "protocol": "TCP",
+                }
+            ],
         }
         self.put("k8s-events.jsonl", t, record)
 

@@ -35,6 +35,7 @@ class Health:
     error_rate_per_s: float | None = None
     last_pressure: tuple[float, str] | None = None
     ready: dict[str, float] = field(default_factory=dict)
+    start_failed: dict[str, float] = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
         """Return the snapshot as JSON-ready data."""
@@ -55,7 +56,18 @@ class Health:
             error_rate_per_s=record.get("error_rate_per_s"),
             last_pressure=pair(record.get("last_pressure")),
             ready={str(k): float(v) for k, v in (record.get("ready") or {}).items()},
+            start_failed={str(k): float(v) for k, v in (record.get("start_failed") or {}).items()},
         )
+
+    def failed_to_start(self, pods: Iterable[str], since: float) -> list[str]:
+        """Return the pods of ``pods`` that could not start after ``since`` (their GPU's memory
+        held) and were not seen Ready after that."""
+        return [
+            p
+            for p in pods
+            if self.start_failed.get(p, float("-inf")) > since
+            and self.ready.get(p, float("-inf")) <= self.start_failed[p]
+        ]
 
 
 def health(ctx: IncidentContext) -> Health:
@@ -63,6 +75,7 @@ def health(ctx: IncidentContext) -> Health:
     last_oom = last_pressure = None
     rate: tuple[float, float] | None = None
     ready: dict[str, float] = {}
+    start_failed: dict[str, float] = {}
     for sig in ctx.signals:
         if sig.kind is SignalKind.GPU_OOM and (last_oom is None or sig.time >= last_oom[0]):
             last_oom = (sig.time, sig.pod or "?")
@@ -74,6 +87,8 @@ def health(ctx: IncidentContext) -> Health:
             rate = (sig.time, float(value or 0))
         if sig.kind is SignalKind.POD_READY and sig.pod:
             ready[sig.pod] = max(sig.time, ready.get(sig.pod, sig.time))
+        if sig.kind is SignalKind.START_FAILED and sig.pod:
+            start_failed[sig.pod] = max(sig.time, start_failed.get(sig.pod, sig.time))
     return Health(
         time=max((s.time for s in ctx.signals), default=ctx.opened_at),
         stage=ctx.stage,
@@ -82,6 +97,7 @@ def health(ctx: IncidentContext) -> Health:
         error_rate_per_s=None if rate is None else rate[1],
         last_pressure=last_pressure,
         ready=ready,
+        start_failed=start_failed,
     )
 
 
@@ -124,7 +140,8 @@ def evaluate(
     - ``errors_fall``: the 5xx rate is 0 or lower than at the baseline (no load-balancer rate
       in the evidence fails it: it cannot be told);
     - ``memory_stops_rising``: no pod crossed a memory ceiling after the baseline;
-    - ``pods_ready``: every pod of ``pods`` was seen Ready after the baseline.
+    - ``pods_ready``: every pod of ``pods`` was seen Ready after the baseline (one that could
+      not start since, its GPU's memory held, is named as such).
     """
     since = baseline.time
     out = []
@@ -139,7 +156,10 @@ def evaluate(
             out.append(_errors_fall(baseline.error_rate_per_s, now.error_rate_per_s))
         elif check == "pods_ready":
             late = [p for p in pods if now.ready.get(p, float("-inf")) <= since]
+            held = now.failed_to_start(late, since)
             detail = f"not seen Ready since the apply: {', '.join(late)}" if late else "all Ready"
+            if held:
+                detail += f" ({', '.join(held)} could not start: GPU memory still held)"
             out.append(CheckResult(check, not late, detail))
         else:
             out.append(CheckResult(check, False, f"unknown check {check!r}"))

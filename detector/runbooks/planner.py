@@ -122,7 +122,9 @@ def observed_upstream(signals: tuple[Signal, ...]) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
-_FAILURES = frozenset({SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD, SignalKind.CRASH_LOOP})
+_FAILURES = frozenset(
+    {SignalKind.GPU_OOM, SignalKind.ENGINE_DEAD, SignalKind.CRASH_LOOP, SignalKind.START_FAILED}
+)
 
 
 def observed_load_s(signals: tuple[Signal, ...]) -> tuple[float | None, str]:
@@ -265,18 +267,31 @@ def pods_now(signals: tuple[Signal, ...]) -> tuple[set[str], set[str]]:
     return recovered, cooled
 
 
+def zombies(ctx: IncidentContext) -> list[str]:
+    """Return the victims whose engine is dead while their server takes requests (the
+    correlator's ENGINE_DEAD evidence with ``zombie``) and not seen started since; pure."""
+    recovered, _ = pods_now(ctx.signals)
+    found = [
+        s.pod
+        for s in ctx.signals
+        if s.kind is SignalKind.ENGINE_DEAD and s.attrs.get("zombie") and s.pod
+    ]
+    return [p for p in dict.fromkeys(found) if p not in recovered]
+
+
 def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     """Return (crashed pods, healthy pods at the ceiling, basis) in restart order; pure.
 
-    Only pods still down or still at the ceiling as the evidence stands now (``pods_now``).
-    Crashed pods (the victims) come first, in the order they died (their first GPU OOM in
-    event time, not the order a process happened to read them in): they serve nothing, so
-    restarting them costs no capacity, and a restart starts from an empty GPU, so the memory
-    they had before does not matter (the order also stays the same for a process that took
-    over the workload and saw fewer of their readings). Then the healthy pods whose memory
-    pressure reached a ceiling (the correlator marks those signals with ``pressure``): the
-    next victims, restarted under the lowered ceiling, the most memory headroom first
-    (``memory_headroom``), pods of unknown headroom last, ties in order of first sight.
+    Only pods still down or still at the ceiling as the evidence stands now (``pods_now``). Crashed
+    pods (the victims) come first, zombies first of all (``zombies``: they take requests they never
+    answer and nothing else restarts them), then in the order they died (their first GPU OOM in
+    event time, not the order a process happened to read them in): they serve nothing, so restarting
+    them costs no capacity, and a restart starts from an empty GPU, so the memory they had before
+    does not matter (the order also stays the same for a process that took over the workload and saw
+    fewer of their readings). Then the healthy pods whose memory pressure reached a ceiling (the
+    correlator marks those signals with ``pressure``): the next victims, restarted under the lowered
+    ceiling, the most memory headroom first (``memory_headroom``), pods of unknown headroom last,
+    ties in order of first sight.
     """
     recovered, cooled = pods_now(ctx.signals)
     died: dict[str, float] = {}  # each victim's first GPU OOM in event time
@@ -284,9 +299,10 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
         if s.kind is SignalKind.GPU_OOM and s.pod and s.time < died.get(s.pod, float("inf")):
             died[s.pod] = s.time
     rank = {p: i for i, p in enumerate(ctx.victims)}
+    undead = zombies(ctx)
     victims = sorted(
         (p for p in ctx.victims if p not in recovered),
-        key=lambda p: (died.get(p, float("inf")), rank[p]),
+        key=lambda p: (p not in undead, died.get(p, float("inf")), rank[p]),
     )
     at_ceiling = [
         p
@@ -303,8 +319,10 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
     shown = ", ".join(
         f"{p} {'?' if headroom[p] is None else format(headroom[p], '.1%')}" for p in healthy
     )
+    zombie_note = f" (zombies first: {', '.join(undead)})" if undead else ""
     basis = (
-        f"{len(crashed)} crashed pod(s) first, in the order they died, then {len(healthy)} "
+        f"{len(crashed)} crashed pod(s) first{zombie_note}, in the order they died, then "
+        f"{len(healthy)} "
         f"healthy pod(s) at the memory ceiling, the most memory headroom first: "
         f"{shown or 'none'}"
     )
@@ -326,7 +344,8 @@ def build_variables(
     replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
     clients seen), rate_limit_basis, queue_burst and queue_wait_s (the requests over the
     budget the gateway queues, ``QUEUE_WAIT_S`` of it), ingress_name, upstream, restart_order
-    (crashed_pods then healthy_restarts, see ``restart_plan``), restart_order_basis,
+    (crashed_pods then healthy_restarts, see ``restart_plan``), zombie_pods (``zombies``),
+    restart_order_basis,
     spacing_s, model_load_s, spacing_basis, gateway (the configured 429 gateway, "" when
     none), and the failure mechanism (``detector.runbooks.mechanism.diagnose``): mechanism,
     mechanism_evidence, max_body_bytes and refused_share (the quarantine's bound and what it
@@ -382,6 +401,7 @@ def build_variables(
         "upstream": observed_upstream(ctx.signals),
         "restart_order": crashed + healthy_restarts,
         "crashed_pods": crashed,
+        "zombie_pods": zombies(ctx),
         "healthy_restarts": healthy_restarts,
         "restart_order_basis": order_basis,
         "spacing_s": spacing,

@@ -250,9 +250,12 @@ def _turn(
     step: PlannedStep, rec: StepRecord, prev: StepRecord | None, cond: Conditions
 ) -> Transition | None:
     now, not_needed = cond.now, _to(StepState.NOT_NEEDED, "not_needed")
-    if prev is not None and prev.outcome is None:
+    undead = _pods(current_step(step, cond), "zombie_pods")
+    if undead:
+        pass  # a zombie serves nothing and nothing else restarts it: its turn is now
+    elif prev is not None and prev.outcome is None:
         return None  # the step before is still in play
-    if prev is not None and prev.outcome not in PASS_TURN:
+    elif prev is not None and prev.outcome not in PASS_TURN:
         why = (
             _PREVIOUS_WORKED
             if prev.state != StepState.WITHDRAWN.value
@@ -491,9 +494,10 @@ def _apply(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition |
     return replace(t, dry_why=_dry_why(step, cond))
 
 
-def _pods(step: PlannedStep) -> list[str]:
+def _pods(step: PlannedStep, param: str = "pods") -> list[str]:
+    """Return the pods a step's JSON list ``param`` names ([] when absent or malformed)."""
     try:
-        pods = json.loads(step.params.get("pods") or "[]")
+        pods = json.loads(step.params.get(param) or "[]")
     except ValueError:
         return []
     return [str(p) for p in pods] if isinstance(pods, list) else []
@@ -522,7 +526,29 @@ def _still(step: PlannedStep, cond: Conditions) -> PlannedStep:
     return _narrowed(step, current_step(step, cond)) or step
 
 
+def _held(rec: StepRecord, h: Health) -> list[str]:
+    """Return the workload's pods that could not start since the step's first restart (their
+    GPU's memory held) and were not Ready since: an evicted pod comes back under a new name,
+    so any pod of the workload counts."""
+    if not rec.restarts:
+        return []
+    return h.failed_to_start(h.start_failed, float(rec.restarts[0]["at"]))
+
+
+def _held_why(held: list[str]) -> str:
+    return (
+        f"{', '.join(held)} could not start after the restart: the GPU's memory is still held "
+        "(by the dead engine or another process), so restarting again does not help; free it "
+        "(nvidia-smi on the node shows the process) or move the pod to another node"
+    )
+
+
 def _next_restart(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition | None:
+    if held := _held(rec, cond.health):  # escalate now: more restarts would land on held GPUs
+        verification = {"result": "failed", "at": cond.now, "checks": []}
+        update = _to(StepState.ESCALATED, "failed", verification=verification)
+        reason = f"{_held_why(held)}; next step"
+        return _t(step, Move.ESCALATE, rec, cond.now, reason, update, key="start_failed")
     done = {str(r["pod"]) for r in rec.restarts}
     still = _pods(_still(step, cond))
     remaining = [p for p in _pods(step) if p not in done and p in still]
@@ -612,7 +638,9 @@ def _verify(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transition 
         if pending:
             return None  # a victim's requests are not in yet: they may show the class
     after = "after the apply" if rec.mode == "live" else "afterwards"
-    if h.stage in CALM_STAGES:
+    if held := _held(rec, h):
+        passed, why = False, _held_why(held)
+    elif h.stage in CALM_STAGES:
         passed, why = True, f"the incident is {h.stage}: no new GPU OOM, 5xx under threshold"
     elif new:
         passed, why = False, f"the cascade spread to {', '.join(new)} {after}"

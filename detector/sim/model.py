@@ -113,6 +113,7 @@ class Endpoint:
         self._rid = 0
         self._turn = 0
         self._faults = sorted(scenario.faults, key=lambda f: f.at_s)
+        self._slice: tuple[tuple[str, bool], ...] = ()  # the EndpointSlice last written
         for slot in range(scenario.replicas):
             self.fleet.create(slot, 1.5 * slot)
 
@@ -191,6 +192,17 @@ class Endpoint:
         self._timeouts(t1)
         self._scrapes(t0, t1)
         self._track_serving(t1)
+        self._publish_endpoints(t1)
+
+    def _publish_endpoints(self, t: float) -> None:
+        """Write the Service's EndpointSlice when its endpoints or their readiness changed:
+        every pod, Ready as the balancer routes to it (``_endpoints``)."""
+        routed = {id(p) for p in self._endpoints(t)}
+        now = tuple((p.pod.name, id(p) in routed) for p in self.fleet.pods)
+        if now != self._slice:
+            self._slice = now
+            endpoints = [(p.pod, id(p) in routed) for p in self.fleet.pods]
+            self.recorder.endpoint_slice(t, self.scenario.workload, endpoints)
 
     def _pass_queued(self, until: float) -> None:
         """Pass on the attempts the gateway queued (``limit_req`` without ``nodelay``) whose

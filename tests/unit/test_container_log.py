@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from detector.events.classify import OomClass, classify_line
-from detector.events.container_log import signals_from_log_line
+from detector.events.container_log import START_FAILED_REASONS, signals_from_log_line
 from detector.events.crash_causes import crash_cause
 from detector.events.engine_lines import parse_engine_line
 from detector.events.model import MAX_TEXT_CHARS, LogLine, SignalKind, SourcePos
@@ -151,7 +151,11 @@ def test_prefilter_never_drops_a_signal() -> None:
         OomClass.HOST_OOM: SignalKind.HOST_OOM,
     }
     for text in _real_lines():
-        expected = [kinds[v.verdict] for v in [classify_line(text)] if v.verdict in kinds]
+        expected = [
+            SignalKind.START_FAILED if v.reason in START_FAILED_REASONS else kinds[v.verdict]
+            for v in [classify_line(text)]
+            if v.verdict in kinds
+        ]
         engine = parse_engine_line(text)
         expected += [engine[0]] if engine else []
         if not expected and any(crash_cause(part) for part in text.splitlines()):
