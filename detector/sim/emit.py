@@ -63,6 +63,10 @@ def startup_lines(
     subs = (
         (r"'max_model_len': \d+", f"'max_model_len': {length}"),
         (r"'max_num_seqs': \d+", f"'max_num_seqs': {seqs}"),
+        (
+            r"'gpu_memory_utilization': [\d.]+",
+            f"'gpu_memory_utilization': {scenario.engine.gpu_memory_utilization}",
+        ),
         (r"max model len \d+", f"max model len {length}"),
         (r"max_num_batched_tokens=\d+", f"max_num_batched_tokens={batched}"),
         (r"max_seq_len=\d+", f"max_seq_len={length}"),
