@@ -140,7 +140,13 @@ class Correlator:
 
         Runs from ``advance`` only: with an incident open, after new pressure samples, at most
         once per ``FORECAST_EVERY_S`` of event time. Survivors: the pods with pressure in the
-        window that are no victim and did not crash-loop within it.
+        window that are no victim and did not crash-loop within it. The measure is GPU memory:
+        the headroom beside a paged engine's pool, where the allocations its start-up did not
+        profile come from (vLLM ``gpu_worker.py``: the pool is what the utilization requests
+        less the profiled peak), judged from the engine's reservation up to the device's
+        capacity. KV-cache usage is left out: vLLM, SGLang and TGI fill their pool by design
+        and preempt or queue when it is full, so a pool at 95-100% precedes no death (it named
+        next victims on a saturated fleet that never ran out of memory).
         """
         inc.forecast_stale, inc.forecast_due_at = False, now + FORECAST_EVERY_S
         cfg = self.cfg
@@ -149,7 +155,11 @@ class Correlator:
             return []
         down = {c.pod for c in ws.crash_loops if now - c.time <= cfg.window_s}
         down.update(inc.victims)
-        buckets = self.series_book.pressure_since(ws.ref, now - cfg.forecast_window_s)
+        buckets = [  # the KV cache of a paged engine runs full by design: no sign of a death
+            b
+            for b in self.series_book.pressure_since(ws.ref, now - cfg.forecast_window_s)
+            if b[4] != KV_CACHE
+        ]
         measure = {pod: detail for _, pod, _, _, detail in sorted(buckets)}  # a pod's latest
         samples = [
             PressureSample(t, pod, ratio, ceiling, self._floor(ws, pod, detail))
@@ -186,13 +196,15 @@ class Correlator:
     @staticmethod
     def _floor(ws: WorkloadState, pod: str, detail: str) -> float:
         """Return the pressure under which ``pod``'s readings are no trend: for GPU memory of an
-        engine that reserves VRAM at start, its reservation less ``RESERVATION_MARGIN`` (far
-        under it, the engine is loading its weights: a climb to the reservation is no
-        pressure)."""
+        engine that reserves VRAM at start, half-way from its reservation to the device's
+        capacity. Under it the engine is loading its weights, or its steps use the headroom
+        its start-up profiled (the CUDA context, activations that come and go with the batch:
+        0.90-0.94 of the device at 0.9 on a saturated vLLM fleet); past it the allocations
+        nothing profiled are eating the last of the headroom."""
         if detail != GPU_MEMORY:
             return 0.0
         reserved = ws.reservations.get(pod) or ws.reservations.get("")
-        return reserved[1] - RESERVATION_MARGIN if reserved is not None else 0.0
+        return (reserved[1] + 1.0) / 2 if reserved is not None else 0.0
 
     def _sampled(self, ws: WorkloadState, sig: Signal) -> None:
         """Keep ``sig`` as its pod's latest pressure reading; the next forecast is due."""
@@ -467,16 +479,17 @@ class Correlator:
         )
         if used is None or not total:
             return []
-        if ws.engine in PRE_RESERVING and ws.engine_metrics:
-            return []  # VRAM sits near its reservation: KV cache, preemptions, queue decide
         ratio = used / total
         reserved = ws.reservations.get(sig.pod or "") or ws.reservations.get("")
-        if sig.pod:
-            ceiling = (
-                self.cfg.memory_ceiling if reserved is None else reserved[1] + RESERVATION_MARGIN
+        if sig.pod:  # the device's capacity is the last ceiling: an allocation past it fails
+            ceiling = min(
+                1.0,
+                self.cfg.memory_ceiling if reserved is None else reserved[1] + RESERVATION_MARGIN,
             )
             self.series_book.add_pressure(ws.ref, sig.time, sig.pod, GPU_MEMORY, ratio, ceiling)
             self._sampled(ws, sig)
+        if ws.engine in PRE_RESERVING and ws.engine_metrics:
+            return []  # VRAM sits near its reservation: KV cache, preemptions, queue decide
         if reserved is not None:
             return self._reserved_memory(ws, sig, ratio, reserved)
         what = "GPU memory"

@@ -6,8 +6,9 @@ The correlator feeds every attributed load-balancer response and pressure readin
 - ``requests``, ``errors_5xx`` (HTTP 500-599 the load balancer answered), ``shed_429``
   (HTTP 429): responses per bucket, label ``""`` (the workload);
 - ``pressure``: per pod (label), the highest used/total ratio in the bucket, detail ``KV cache``
-  or ``GPU memory`` (KV cache wins a bucket: for engines that pre-reserve VRAM it is the
-  measure); ``ceiling``: the ceiling that reading was judged against, same label and detail.
+  or ``GPU memory`` (a pod with KV-cache readings is charted by them alone: for engines that
+  pre-reserve VRAM it is the measure; ``pressure_since`` gives both, for the forecast);
+  ``ceiling``: the ceiling that reading was judged against, same label and detail.
 
 Every value of a bucket only grows (a count, a maximum), so a writer may upsert a bucket's
 latest value with ``max`` and a re-read of part of a bucket never lowers it. Each change
@@ -34,7 +35,6 @@ PRESSURE: Final = "pressure"
 CEILING: Final = "ceiling"
 KV_CACHE: Final = "KV cache"
 GPU_MEMORY: Final = "GPU memory"
-_RANK: Final = {GPU_MEMORY: 0, KV_CACHE: 1}  # the measure that wins a pod's bucket
 
 K = TypeVar("K", bound=Hashable)  # what names a workload (the correlator: ``WorkloadRef``)
 
@@ -50,15 +50,17 @@ class SeriesPoint(NamedTuple):
 
 
 class WorkloadSeries:
-    """The buckets of one workload: responses by bucket index, pressure by (index, pod)."""
+    """The buckets of one workload: responses by bucket index, pressure by (index, pod,
+    measure)."""
 
-    __slots__ = ("lb", "pressure")
+    __slots__ = ("kv_pods", "lb", "pressure")
 
     def __init__(self) -> None:
         # bucket index -> [requests, errors_5xx, shed_429, version of the last change]
         self.lb: dict[int, list[int]] = {}
-        # (bucket index, pod) -> [ratio, ceiling, detail, version of the last change]
-        self.pressure: dict[tuple[int, str], tuple[float, float, str, int]] = {}
+        # (bucket index, pod, detail) -> (ratio, ceiling, version of the last change)
+        self.pressure: dict[tuple[int, str, str], tuple[float, float, int]] = {}
+        self.kv_pods: set[str] = set()  # pods with a KV-cache reading: charted by it alone
 
     def __len__(self) -> int:
         return len(self.lb) + len(self.pressure)
@@ -102,20 +104,17 @@ class SeriesBook(Generic[K]):
     def add_pressure(
         self, workload: K, time: float, pod: str, detail: str, ratio: float, ceiling: float
     ) -> None:
-        """Keep the highest used/total ``ratio`` of ``pod`` in its bucket, with its ``ceiling``.
-
-        ``detail`` is ``KV_CACHE`` or ``GPU_MEMORY``; a KV-cache reading replaces the GPU
-        memory of the same bucket, never the reverse.
-        """
+        """Keep the highest used/total ``ratio`` of ``pod`` and ``detail`` (``KV_CACHE`` or
+        ``GPU_MEMORY``) in its bucket, with its ``ceiling``."""
         ws = self._series(workload)
-        key = (int(time // self.bucket_s), pod)
+        if detail == KV_CACHE:
+            ws.kv_pods.add(pod)
+        key = (int(time // self.bucket_s), pod, detail)
         old = ws.pressure.get(key)
-        if old is not None:
-            rank, old_rank = _RANK.get(detail, 0), _RANK.get(old[2], 0)
-            if rank < old_rank or (rank == old_rank and ratio <= old[0]):
-                return
+        if old is not None and ratio <= old[0]:
+            return
         self.version += 1
-        ws.pressure[key] = (ratio, ceiling, detail, self.version)
+        ws.pressure[key] = (ratio, ceiling, self.version)
 
     def drop_before(self, workload: K, time: float) -> None:
         """Drop ``workload``'s buckets that end at or before ``time`` (and it, when empty)."""
@@ -127,6 +126,7 @@ class SeriesBook(Generic[K]):
             del ws.lb[index]
         for key in [k for k in ws.pressure if k[0] < first]:
             del ws.pressure[key]
+        ws.kv_pods = {pod for _, pod, detail in ws.pressure if detail == KV_CACHE}
         if not len(ws):
             self.forget(workload)
 
@@ -139,14 +139,14 @@ class SeriesBook(Generic[K]):
         self, workload: K, start: float
     ) -> list[tuple[float, str, float, float, str]]:
         """Return (bucket start, pod, ratio, ceiling, detail) of ``workload``'s pressure buckets
-        from the one holding ``start`` on, unordered."""
+        from the one holding ``start`` on, every measure, unordered."""
         ws = self.workloads.get(workload)
         if ws is None:
             return []
         first, bucket_s = int(start // self.bucket_s), self.bucket_s
         return [
             (index * bucket_s, pod, ratio, ceiling, detail)
-            for (index, pod), (ratio, ceiling, detail, _) in ws.pressure.items()
+            for (index, pod, detail), (ratio, ceiling, _) in ws.pressure.items()
             if index >= first
         ]
 
@@ -169,7 +169,10 @@ class SeriesBook(Generic[K]):
                 out.append(SeriesPoint(t, REQUESTS, "", float(requests)))
                 out.append(SeriesPoint(t, ERRORS_5XX, "", float(errors)))
                 out.append(SeriesPoint(t, SHED_429, "", float(shed)))
-        for (index, pod), (ratio, ceiling, detail, version) in ws.pressure.items():
+        kv = ws.kv_pods
+        for (index, pod, detail), (ratio, ceiling, version) in ws.pressure.items():
+            if detail == GPU_MEMORY and pod in kv:
+                continue  # the pod's KV cache is its chart (the forecast reads both)
             if version > since and index >= first and (last is None or index <= last):
                 t = index * bucket_s
                 out.append(SeriesPoint(t, PRESSURE, pod, ratio, detail))

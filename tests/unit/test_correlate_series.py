@@ -108,6 +108,11 @@ def test_responses_are_counted_per_bucket(
             id="kv-cache-wins-the-bucket",
         ),
         pytest.param(
+            [(0, "a", GPU_MEMORY, 0.97), (6, "a", GPU_MEMORY, 0.98), (7, "a", KV_CACHE, 0.4)],
+            {("a", 5): (0.4, KV_CACHE)},
+            id="a-pod-with-kv-cache-is-charted-by-it-alone",
+        ),
+        pytest.param(
             [(0, "a", KV_CACHE, 0.8), (1, "a", KV_CACHE, 0.99), (2, "a", KV_CACHE, 0.3)],
             {("a", 0): (0.99, KV_CACHE)},
             id="kv-cache-max",
@@ -125,6 +130,14 @@ def test_pressure_keeps_the_highest_ratio_per_pod_and_bucket(
     assert got == expected
     ceilings = {(p.label, p.time - T0) for p in points if p.metric == CEILING}
     assert ceilings == set(expected)
+
+
+def test_the_forecast_reads_every_measure_of_a_bucket() -> None:
+    book: SeriesBook[str] = SeriesBook()
+    book.add_pressure("w", T0, "a", GPU_MEMORY, 0.97, 1.0)
+    book.add_pressure("w", T0 + 1, "a", KV_CACHE, 0.4, 0.95)
+    got = sorted(book.pressure_since("w", T0))
+    assert got == [(T0, "a", 0.4, 0.95, KV_CACHE), (T0, "a", 0.97, 1.0, GPU_MEMORY)]
 
 
 def test_points_are_ordered_and_cut_to_the_span() -> None:
