@@ -313,7 +313,7 @@ def serve_cmd(
     """
     import uvicorn
 
-    from detector.web.app import create_app
+    from detector.web.app import create_app, server_config
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     try:
@@ -345,8 +345,7 @@ def serve_cmd(
     # as interrupted (exit 130, one line); uvicorn.run would swallow it, Server.run does not
     signal.signal(signal.SIGINT, _interrupt)
     log_level = "info" if verbose else "warning"
-    config = uvicorn.Config(create_app(settings), host=where[0], port=where[1], log_level=log_level)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(create_app(settings), where[0], where[1], log_level))
     server.run()
     if not server.started:
         fail(f"cannot serve on {where[0]}:{where[1]} (the reason is above)")

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -56,6 +57,20 @@ async def invalid_request(_request: Request, exc: Exception) -> Response:
 
 def _cut(part: object) -> int | str:
     return part if isinstance(part, int) else str(part)[:MAX_PROBLEM_CHARS]
+
+
+def server_config(app: FastAPI, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+    """Return the uvicorn configuration ``detector serve`` runs ``app`` with.
+
+    Without uvicorn's proxy-header rewriting (``proxy_headers=False``): by default uvicorn
+    replaces the client address with ``X-Forwarded-For`` for peers on 127.0.0.1, before the
+    app can check the peer, so any local process could claim a trusted proxy's address and
+    act as anyone. The peer the app sees is the socket's; ``Auth`` alone reads forwarded
+    headers, from ``DETECTOR_WEB__TRUSTED_PROXIES`` only. No ``Server`` header either.
+    """
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, proxy_headers=False, server_header=False
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:

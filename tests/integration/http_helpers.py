@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from detector.config import Settings
-from detector.web.app import create_app
+from detector.web.app import create_app, server_config
 
 
 def _free_port() -> int:
@@ -22,10 +22,10 @@ def _free_port() -> int:
 
 @contextmanager
 def serving(settings: Settings) -> Iterator[str]:
-    """Serve the app for ``settings`` with uvicorn on a free loopback port; yield its base URL."""
+    """Serve the app for ``settings`` with uvicorn as ``detector serve`` configures it, on a free
+    loopback port; yield its base URL."""
     port = _free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
-    uv = uvicorn.Server(config)
+    uv = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, "error"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15

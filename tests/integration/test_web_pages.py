@@ -133,6 +133,12 @@ def test_a_trusted_proxy_header_is_honoured_only_from_a_trusted_proxy(
                           trusted_proxies=["10.0.0.0/8"])  # fmt: skip
     with serving(elsewhere) as base, httpx.Client(base_url=base) as web:
         assert web.get("/incidents", headers=header).status_code == 303
+        # a local process claiming to forward for a trusted address is still loopback: the
+        # peer is the socket's (uvicorn's own X-Forwarded-For rewriting used to make it 10.9.9.9)
+        forged = {**header, "X-Forwarded-For": "10.9.9.9", "X-Real-IP": "10.9.9.9",
+                  "Forwarded": "for=10.9.9.9"}  # fmt: skip
+        assert web.get("/incidents", headers=forged).status_code == 303
+        assert web.get("/api/incidents", headers=forged).status_code == 401
 
 
 def test_a_page_with_ten_thousand_timeline_entries_is_paged(tmp_path: Path) -> None:
