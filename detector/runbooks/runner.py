@@ -240,9 +240,9 @@ def advance(
             break
         if not _claim_approval(session, incident, t, cond, now):
             continue  # decided meanwhile: the next round reads the decision
-        if t.move in ACTUATOR_MOVES:
-            t = act(t, containment)
         row = rows[t.step.position]
+        if t.move in ACTUATOR_MOVES:
+            t = act(t, containment, _write_ahead(session, row, t, containment, now))
         if t.replan is not None:
             run_service.set_step_params(session=session, step=row, params=t.replan, time=now)
             steps = [
@@ -364,8 +364,52 @@ def _approval(row: StepApproval) -> Approval:
     return Approval(row.status, row.decided_by, row.via, row.reason, event_at)
 
 
-def act(t: Transition, c: Containment) -> Transition:
-    """Perform an acting move through its actuator; never raises (the step runner's boundary)."""
+def _write_ahead(
+    session: Session, row: RunbookStep, t: Transition, c: Containment, now: float
+) -> Plan | None:
+    """Commit the plan of a step's first live apply before its actuator is called; return it.
+
+    The plan's ``before`` is what a removal or rollback restores. Read after a crash that
+    came between the actuator's call and the record of its result, the target already holds
+    the change: the plan is then read anew for its ``after`` and keeps the ``before`` of the
+    intent committed the first time (``_keep_before``), so the apply finds nothing left to
+    do and the undo still restores the target as it was. None for every other move (lifts,
+    resizes and restarts are not undone from their own plan) and when planning fails (``act``
+    plans again and records the refusal).
+    """
+    actuator = c.actuators.get(t.step.action.value)
+    if t.move is not Move.APPLY or not t.live or actuator is None or t.record.plan is not None:
+        return None
+    stored = StepRecord.from_record(row.result)
+    try:
+        plan = actuator.plan_step(replace(t.step, params=dict(t.params or {})))
+        if stored.intent is not None:
+            plan = _keep_before(plan, Plan.from_record(stored.intent))
+    except ActuatorError:
+        return None
+    intent = replace(stored, intent=plan.as_record()).as_record()
+    run_service.set_step_state(session=session, step=row, status=row.status, result=intent,
+                               time=now)  # fmt: skip
+    session.commit()  # the undo is on disk before anything changes
+    return plan
+
+
+def _keep_before(plan: Plan, intent: Plan) -> Plan:
+    """Return ``plan`` with each target's ``before`` taken from ``intent``; a target only the
+    intent names is planned back to its ``before`` (the new plan no longer changes it)."""
+    before = {c.target: c.before for c in intent.changes}
+    changes = [Change(c.target, before.get(c.target, c.before), c.after) for c in plan.changes]
+    named = {c.target for c in plan.changes}
+    changes += [
+        Change(c.target, c.before, c.before) for c in intent.changes if c.target not in named
+    ]
+    return replace(plan, changes=tuple(changes))
+
+
+def act(t: Transition, c: Containment, prepared: Plan | None = None) -> Transition:
+    """Perform an acting move through its actuator; never raises (the step runner's boundary).
+
+    ``prepared``: the apply's plan as ``_write_ahead`` committed it (None: planned here)."""
     action = t.step.action.value
     actuator = c.actuators.get(action) or DryRunActuator(_believed(t.record))
     dry_run = not t.live
@@ -375,7 +419,7 @@ def act(t: Transition, c: Containment) -> Transition:
             plan = Plan.from_record(t.record.plan or {})
             result = actuator.revert(plan, dry_run=dry_run)
         else:
-            plan = actuator.plan_step(replace(t.step, params=dict(t.params or {})))
+            plan = prepared or actuator.plan_step(replace(t.step, params=dict(t.params or {})))
             result = actuator.apply(plan, dry_run=dry_run)
     except ActuatorError as exc:  # refused, or the target is gone: an outcome, not a bug
         if t.move is Move.RESTART and exc.reason is Reason.NOT_FOUND:

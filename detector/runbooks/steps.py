@@ -63,7 +63,10 @@ class StepRecord:
     removal reverts it); ``current`` is the plan record of the latest change (a lift's);
     ``baseline`` the evidence's ``Health`` at the first apply; ``restarts`` the pods restarted
     so far ({pod, at}); ``in_place`` whether the change is in force; ``blocked`` the code of
-    the rail that holds the step (kill_switch, cap, cooldown).
+    the rail that holds the step (kill_switch, cap, cooldown); ``intent`` the plan of the
+    first live apply as committed before the actuator was called (write-ahead: its
+    ``before`` is the target as it was before the incident touched it, whatever a crash
+    between the call and its record left there).
     """
 
     state: str = StepState.PLANNED.value
@@ -85,6 +88,7 @@ class StepRecord:
     lift_level: int = 0
     lift_at: float | None = None
     blocked: str | None = None
+    intent: dict[str, Any] | None = None
 
     def as_record(self) -> dict[str, Any]:
         """Return the record as JSON-ready data."""

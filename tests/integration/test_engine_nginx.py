@@ -14,6 +14,7 @@ from pathlib import Path
 import small_cascade
 from small_cascade import T0, signal
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 from test_nginx_actuator import (  # the nginx fixture and helpers of the actuator's own tests
     BURST_N,
     RunningNginx,
@@ -28,6 +29,7 @@ from detector.actuators.nginx.limiter import NginxRateLimiter
 from detector.correlate.context import IncidentContext
 from detector.events.model import SignalKind
 from detector.incidents import service
+from detector.incidents.models import Incident
 from detector.runbooks import approvals
 from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import ActuatorBinding
@@ -48,61 +50,70 @@ def context(stage: str, at: float) -> IncidentContext:
     return small_cascade.context(stage, key="prod/ml/llm@1", extra=(calm,))
 
 
+def _live(gw: RunningNginx) -> Containment:
+    limiter = NginxRateLimiter(gw.gateway)
+    binding = ActuatorBinding(limiter, lambda step: limiter.plan(rate_limit_from_step(step)))
+    return Containment(dry_run=False, actuators={"enable_rate_limit": binding})
+
+
+def _incident(session: Session) -> Incident:
+    """Store the small cascade's incident, its planned rate-limit step, the workload armed."""
+    incident = service.get_or_create_incident(
+        session=session,
+        key="prod/ml/llm@1",
+        namespace="ml",
+        workload="llm",
+        workload_kind="Deployment",
+        cluster="prod",
+        stage="cascading",
+        opened_at=T0,
+    )
+    run = run_service.get_or_create_run(
+        session=session, incident=incident, runbook=RATE_ONLY.name, version="1", mode="live"
+    )
+    (step,) = plan(RATE_ONLY, context("cascading", 30), dry_run=False)
+    run_service.upsert_step(
+        session=session,
+        run=run,
+        position=1,
+        action=step.action,
+        title=step.title,
+        status=step.status,
+        params=dict(step.params),
+        approval=step.approval,
+    )
+    approvals.set_control(session=session, scope="ml/llm", name="armed", enabled=True, by="test")
+    session.commit()
+    return incident
+
+
+def _tick(
+    session: Session, incident: Incident, live: Containment, stage: str, dt: float
+) -> list[str]:
+    """Advance the steps at ``T0 + dt`` and commit; return the timeline events it added."""
+    run = session.scalars(select(RunbookRun)).one()
+    session.refresh(run)
+    before = len(service.timeline(session=session, incident=incident))
+    advance(session=session, incident=incident, run=run, runbook=RATE_ONLY,
+            ctx=context(stage, dt), now=T0 + dt, containment=live)  # fmt: skip
+    session.commit()
+    entries = service.timeline(session=session, incident=incident)[before:]
+    return [str((e.detail or {}).get("event")) for e in entries]
+
+
 def test_armed_rate_limit_is_applied_relaxed_and_removed(
     nginx: RunningNginx, tmp_path: Path
 ) -> None:
-    limiter = NginxRateLimiter(nginx.gateway)
-    binding = ActuatorBinding(limiter, lambda step: limiter.plan(rate_limit_from_step(step)))
-    live = Containment(dry_run=False, actuators={"enable_rate_limit": binding})
+    live = _live(nginx)
     url = f"sqlite:///{tmp_path / 'store.db'}"
     db.upgrade(url)
     engine = db.make_engine(url)
     try:
         with db.session_factory(engine)() as session:
-            incident = service.get_or_create_incident(
-                session=session,
-                key="prod/ml/llm@1",
-                namespace="ml",
-                workload="llm",
-                workload_kind="Deployment",
-                cluster="prod",
-                stage="cascading",
-                opened_at=T0,
-            )
-            run = run_service.get_or_create_run(
-                session=session, incident=incident, runbook=RATE_ONLY.name, version="1", mode="live"
-            )
-            (step,) = plan(RATE_ONLY, context("cascading", 30), dry_run=False)
-            run_service.upsert_step(
-                session=session,
-                run=run,
-                position=1,
-                action=step.action,
-                title=step.title,
-                status=step.status,
-                params=dict(step.params),
-                approval=step.approval,
-            )
-            approvals.set_control(
-                session=session, scope="ml/llm", name="armed", enabled=True, by="test"
-            )
+            incident = _incident(session)
 
             def tick(stage: str, dt: float) -> list[str]:
-                run_ = session.scalars(select(RunbookRun)).one()
-                session.refresh(run_)
-                before = len(service.timeline(session=session, incident=incident))
-                advance(
-                    session=session,
-                    incident=incident,
-                    run=run_,
-                    runbook=RATE_ONLY,
-                    ctx=context(stage, dt),
-                    now=T0 + dt,
-                    containment=live,
-                )
-                session.commit()
-                entries = service.timeline(session=session, incident=incident)[before:]
-                return [str((e.detail or {}).get("event")) for e in entries]
+                return _tick(session, incident, live, stage, dt)
 
             assert tick("cascading", 31) == ["auto_approved", "applied"]
             applied = service.timeline(session=session, incident=incident)[-1]
