@@ -243,6 +243,8 @@ def advance(
         row = rows[t.step.position]
         if t.move in ACTUATOR_MOVES:
             t = act(t, containment, _write_ahead(session, row, t, containment, now))
+        elif t.move in _ENDS_UNAPPLIED and t.record.intent is not None and not t.record.plan:
+            t = _undo_intent(t, containment)
         if t.replan is not None:
             run_service.set_step_params(session=session, step=row, params=t.replan, time=now)
             steps = [
@@ -255,6 +257,10 @@ def advance(
     return made
 
 
+# moves that end a step without an apply on record: an intent left by a crash is undone
+_ENDS_UNAPPLIED = frozenset(
+    {Move.REFUSED, Move.WITHDRAWN, Move.NOT_NEEDED, Move.EXPIRED, Move.DENIED}
+)
 _READS_NOW = frozenset(
     {StepState.PLANNED, StepState.AWAITING_APPROVAL, StepState.APPROVED, StepState.APPLYING}
 )
@@ -392,6 +398,29 @@ def _write_ahead(
                                time=now)  # fmt: skip
     session.commit()  # the undo is on disk before anything changes
     return plan
+
+
+def _undo_intent(t: Transition, c: Containment) -> Transition:
+    """Put back a target that an apply cut short by a crash may have changed, once its step
+    moves on without the apply on record (refused, withdrawn, not needed, expired): the
+    intent's ``before`` is written where the target differs from it (nothing otherwise), and
+    the timeline line says which. The intent is dropped once the target is as before."""
+    actuator = c.actuators.get(t.step.action.value)
+    if actuator is None or t.record.intent is None:
+        return t
+    try:
+        result = actuator.revert(Plan.from_record(t.record.intent), dry_run=False)
+    except Exception as exc:  # the step runner's boundary, as in ``act``
+        log.exception("undoing an intent failed step=%s", t.step.step_id)
+        result = _failed(t, t.step.action.value, Reason.ERROR, f"{type(exc).__name__}: {exc}")
+    if result.status is Status.UNCHANGED:
+        note = "the target was as before the incident"
+    elif result.ok:
+        note = "an apply cut short by a restart was undone: the target is as before the incident"
+    else:
+        note = f"undoing an apply cut short by a restart failed ({result.error}): check the target"
+    record = t.record if not result.ok else replace(t.record, intent=None)
+    return replace(t, record=record, reason=f"{t.reason}; {note}", diff=result.diff)
 
 
 def _keep_before(plan: Plan, intent: Plan) -> Plan:

@@ -100,8 +100,8 @@ def _killed_after_the_apply(url: str, live: Containment, gateway: str) -> None:
         _tick(session, _incident(session, gateway), live, "cascading", 31)
 
 
-def _crash_then_resolve(tmp_path: Path, actuator: StepActuator, gateway: str) -> None:
-    """Kill the process after the apply, restart on the same store, resolve the incident."""
+def _crash(tmp_path: Path, actuator: StepActuator, gateway: str) -> tuple[str, Containment]:
+    """Kill a process after its apply; return the store's URL and the containment."""
     live = Containment(dry_run=False, actuators={"enable_rate_limit": actuator}, gateway=gateway)
     url = f"sqlite:///{tmp_path / 'store.db'}"
     db.upgrade(url)
@@ -111,6 +111,12 @@ def _crash_then_resolve(tmp_path: Path, actuator: StepActuator, gateway: str) ->
     child.start()
     child.join(120)
     assert child.exitcode == -SIGKILL
+    return url, live
+
+
+def _crash_then_resolve(tmp_path: Path, actuator: StepActuator, gateway: str) -> None:
+    """Kill the process after the apply, restart on the same store, resolve the incident."""
+    url, live = _crash(tmp_path, actuator, gateway)
     engine = db.make_engine(url)
     try:
         with db.session_factory(engine)() as session:
@@ -151,3 +157,26 @@ def test_ingress_annotations_applied_then_killed_are_restored_at_resolved(
     final = kube.get(INGRESS)
     assert original is not None and final is not None
     assert final["metadata"]["annotations"] == original["metadata"]["annotations"]
+
+
+def test_a_step_that_ends_without_its_apply_on_record_undoes_it(
+    kube: FakeKube, api: KubeApi, tmp_path: Path
+) -> None:
+    """Restarted only once the incident resolved, the process withdraws the approved step,
+    whose apply never reached the record: the annotations it wrote are put back."""
+    meta = {"name": "llm", "namespace": "ml", "annotations": {"owner": "ml"}}
+    kube.put({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": meta})
+    url, live = _crash(tmp_path, ingress_limits(api, KubernetesSettings()), "ingress-nginx")
+    limited = kube.get(INGRESS)
+    assert limited is not None and "nginx.ingress.kubernetes.io/limit-rps" in str(limited)
+    engine = db.make_engine(url)
+    try:
+        with db.session_factory(engine)() as session:
+            incident = _incident(session, "ingress-nginx")
+            _tick(session, incident, live, "resolved", 900)
+            last = service.timeline(session=session, incident=incident)[-1]
+            assert "was undone" in last.message, last.message
+    finally:
+        engine.dispose()
+    final = kube.get(INGRESS)
+    assert final is not None and final["metadata"]["annotations"] == {"owner": "ml"}
