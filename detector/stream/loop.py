@@ -11,6 +11,8 @@ before its committed offset; the writes are idempotent, so nothing duplicates.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -32,6 +34,12 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 0.1
 MAX_FUTURE_S = 86400.0  # event times further ahead of the wall clock are broken clocks
+# a dead letter larger than this goes as its metadata (``dead_letter_summary``): kafka-python's
+# producer refuses requests over 1 MiB (``max_request_size``) and brokers records over about
+# 1 MiB (``message.max.bytes``), and a record that cannot be dead-lettered would stall the
+# stream, its batch failing again and again
+DEAD_LETTER_MAX_BYTES = 512 * 1024
+SUMMARY_HEAD_BYTES = 4096  # the first bytes a summary keeps, as text
 
 
 class Source(Protocol):
@@ -224,7 +232,10 @@ class StreamLoop:
             ("partition", str(record.partition).encode()),
             ("offset", str(record.offset).encode()),
         ]
-        self._sink.send(self._settings.kafka.dead_letter_topic, record.value, headers=headers)
+        value = record.value
+        if len(value) > DEAD_LETTER_MAX_BYTES:
+            value, headers = dead_letter_summary(record), [*headers, ("truncated", b"true")]
+        self._sink.send(self._settings.kafka.dead_letter_topic, value, headers=headers)
         self.metrics.rejected.labels(record.topic, reason).inc()
         log.info(
             "dead letter topic=%s partition=%d offset=%d reason=%s",
@@ -290,6 +301,24 @@ class StreamLoop:
 
     def _assignment(self) -> list[Partition]:
         return [] if self._source is None else self._source.assignment()
+
+
+def dead_letter_summary(record: Record) -> bytes:
+    """Return the dead letter of a record too large to send whole: JSON with its source
+    (topic, partition, offset), ``size_bytes``, ``sha256`` (of the whole value, to find it in
+    the source topic) and ``first_bytes`` (the first ``SUMMARY_HEAD_BYTES``, decoded as UTF-8
+    with replacement characters)."""
+    value = record.value
+    summary = {
+        "dead_letter": "metadata only: the record is too large for the dead-letter topic",
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "size_bytes": len(value),
+        "sha256": hashlib.sha256(value).hexdigest(),
+        "first_bytes": value[:SUMMARY_HEAD_BYTES].decode("utf-8", "replace"),
+    }
+    return json.dumps(summary, ensure_ascii=True).encode()
 
 
 def _warn_unless_copartitioned(partitions: list[Partition]) -> None:

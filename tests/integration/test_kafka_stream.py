@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
 from pathlib import Path
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka_helpers import (
     CASCADE,
     STREAMS,
@@ -26,6 +28,7 @@ from detector.incidents import service
 from detector.incidents.models import TimelineEntry
 from detector.pipeline import replay
 from detector.report.document import to_document
+from detector.stream.producer import ensure_topics
 
 FIRST_OOM_MS = 1741943017_000  # the cascade's first GPU OOM (its incident key's time)
 
@@ -126,3 +129,46 @@ def test_poisoned_record_lands_in_dead_letter_topic_and_table(
     headers = {k: v.decode() for k, v in record.headers}
     assert record.value == b'{"log": "CUDA out of mem'
     assert headers == {"reason": "malformed_json", "topic": topic, "partition": "0", "offset": "1"}
+
+
+def test_records_of_10_mib_are_dead_lettered_as_metadata_and_the_stream_goes_on(
+    kafka_bootstrap: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Two 10 MiB records between good ones: each is dead-lettered (too_large), the topic
+    gets its metadata (they are over the producer's and the broker's 1 MiB), nothing stalls."""
+    prefix = unique_prefix()
+    topic = f"{prefix}-k8s-logs"
+    ensure_topics(kafka_bootstrap, [topic])
+    good = (CASCADE / "container-logs.jsonl").read_bytes().splitlines()[:3]
+    huge = b'{"log": "' + b"x" * (10 * 1024 * 1024) + b'"}'
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=32 * 1024**2)
+    for value in (good[0], huge, good[1], huge, good[2]):
+        producer.send(topic, value)
+    producer.flush()
+    producer.close()
+    proc = start_detector(kafka_bootstrap, prefix, sqlite_url, tmp_path / "run.log", [topic])
+    try:
+        wait_committed(kafka_bootstrap, prefix, {topic: 5}, proc)
+    finally:
+        assert stop(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    engine = create_engine(sqlite_url)
+    with Session(engine) as session:
+        letters = service.list_dead_letters(session=session)
+        rows = sorted((d.source_position, d.reason) for d in letters)
+    engine.dispose()
+    assert rows == [(1, "too_large"), (3, "too_large")]
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000
+    )
+    dlt = TopicPartition(f"{prefix}-dead-letters", 0)
+    consumer.assign([dlt])
+    consumer.seek_to_beginning(dlt)
+    sent = list(consumer)
+    consumer.close()
+    assert len(sent) == 2
+    for record, offset in zip(sent, (1, 3), strict=True):
+        summary = json.loads(record.value)
+        assert summary["size_bytes"] == len(huge) and summary["offset"] == offset
+        assert summary["sha256"] == hashlib.sha256(huge).hexdigest()
+        assert summary["first_bytes"].startswith('{"log": "xxx')
+        assert dict(record.headers)["truncated"] == b"true"
