@@ -15,7 +15,8 @@ from alembic.util import CommandError
 
 import detector.incidents.models  # registers the incident tables on Base
 import detector.notify.models  # registers the outbox tables on Base
-import detector.runbooks.models  # noqa: F401  (registers the runbook tables on Base)
+import detector.runbooks.models  # registers the runbook tables on Base
+import detector.web.models  # noqa: F401  (registers the ended web sessions on Base)
 from detector.db import Base, make_engine
 
 config = context.config

@@ -1,1 +1,2 @@
-"""The detector's HTTP surface: the approvals endpoint (more pages later)."""
+"""The detector's HTTP surface: incident pages, the JSON API, approvals and Slack's
+interactions, behind tokens, login sessions or a trusted proxy (``detector.web.auth``)."""

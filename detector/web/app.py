@@ -26,7 +26,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from detector import db
 from detector.config import Settings
 from detector.notify.slack.notifier import Notifier
-from detector.web import api, approvals, pages, slack
+from detector.web import api, approvals, pages, sessions, slack
 from detector.web.auth import Auth
 from detector.web.context import WebContext
 
@@ -77,7 +77,12 @@ def create_app(settings: Settings) -> FastAPI:
     """Return the web app for ``settings`` (see the module doc)."""
     secret = settings.web.session_secret
     key = secret.get_secret_value().encode() if secret else secrets.token_bytes(32)
-    ctx = WebContext(settings, Auth(settings.web, key))
+
+    def ended(sid: str) -> bool:
+        with ctx.session() as store:
+            return sessions.is_ended(store, sid)
+
+    ctx = WebContext(settings, Auth(settings.web, key, ended))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -128,7 +133,7 @@ def create_app(settings: Settings) -> FastAPI:
         session_cookie="detector_session",
         same_site="strict",
         https_only=settings.web.base_url.startswith("https://"),
-        max_age=12 * 3600,
+        max_age=sessions.SESSION_MAX_AGE_S,
     )
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(api.router)

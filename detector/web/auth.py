@@ -3,7 +3,10 @@
 - ``Authorization: Bearer <token>``: the owner of a token of ``DETECTOR_WEB__TOKENS``
   (compared in constant time: ``token_owner``);
 - a session cookie set by ``POST /login`` with such a token (signed by Starlette's
-  ``SessionMiddleware``; ``HttpOnly``, ``SameSite=strict``, ``Secure`` behind https);
+  ``SessionMiddleware``; ``HttpOnly``, ``SameSite=strict``, ``Secure`` behind https), bound to
+  the credential that opened it (an HMAC of the owner's token: removing or rotating the token
+  ends its sessions) and ended server-side by logout (its random ``sid`` is recorded,
+  ``detector.web.sessions``);
 - the header ``DETECTOR_WEB__TRUSTED_PROXY_HEADER`` (e.g. ``X-Forwarded-Email`` from
   oauth2-proxy), honoured only from a peer address in ``DETECTOR_WEB__TRUSTED_PROXIES``.
 
@@ -18,13 +21,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Mapping
+import secrets
+from collections.abc import Callable, Mapping
 
 from fastapi import HTTPException, Request
 
 from detector.config import WebSettings
 
 SESSION_KEY = "who"
+CREDENTIAL_KEY = "cred"  # the session's credential binding (``Auth.credential``)
+SID_KEY = "sid"  # the session's random id, recorded when it ends
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="detector"'}
 LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -56,10 +62,14 @@ def is_loopback(host: str) -> bool:
 class Auth:
     """Resolve the identity of a request from the web settings."""
 
-    def __init__(self, web: WebSettings, secret: bytes) -> None:
+    def __init__(
+        self, web: WebSettings, secret: bytes, ended: Callable[[str], bool] = lambda _: False
+    ) -> None:
+        """``ended(sid)`` tells whether a session was ended by logout (the store's record)."""
         self._web = web
         self._tokens = {owner: s.get_secret_value() for owner, s in web.tokens.items()}
         self._secret = secret
+        self.ended = ended
         self.open_read = web.public_read or is_loopback(web.host)
 
     def bearer(self, request: Request) -> str:
@@ -76,15 +86,39 @@ class Auth:
         """Return the owner of a token given at the login form, or None."""
         return token_owner(self._tokens, presented.strip()) if presented.strip() else None
 
+    def start_session(self, request: Request, who: str) -> None:
+        """Open ``who``'s login session: bound to their token now, with a new random id."""
+        request.session.clear()
+        request.session.update(
+            {SESSION_KEY: who, CREDENTIAL_KEY: self.credential(who), SID_KEY: secrets.token_hex(16)}
+        )
+
+    def credential(self, who: str) -> str:
+        """Return the binding of ``who``'s sessions to their current token ("" without one):
+        an HMAC-SHA256 of the owner and the token with the session secret."""
+        token = self._tokens.get(who)
+        if token is None:
+            return ""
+        text = f"credential:{who}:{token}".encode()
+        return hmac.new(self._secret, text, hashlib.sha256).hexdigest()
+
     def identity(self, request: Request) -> str | None:
-        """Return who is asking: the trusted proxy's header, else the login session."""
+        """Return who is asking: the trusted proxy's header, else a login session whose token
+        is still the owner's and that no logout ended (a stale one is cleared)."""
         header = self._web.trusted_proxy_header
         if header and self._from_trusted_proxy(request):
-            who = request.headers.get(header, "").strip()
-            if who:
-                return who
-        found = request.session.get(SESSION_KEY)
-        return found if isinstance(found, str) and found else None
+            forwarded = request.headers.get(header, "").strip()
+            if forwarded:
+                return forwarded
+        session = request.session
+        if not session:
+            return None
+        who, cred, sid = (str(session.get(k) or "") for k in (SESSION_KEY, CREDENTIAL_KEY, SID_KEY))
+        current = self.credential(who) if who else ""
+        if not (current and cred and sid and hmac.compare_digest(current, cred)) or self.ended(sid):
+            session.clear()
+            return None
+        return who
 
     def may_read(self, request: Request) -> bool:
         """Return True when the request may read the pages and the JSON API."""

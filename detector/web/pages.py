@@ -32,8 +32,9 @@ from detector.report.document import decidable, past_expiry
 from detector.report.listing import list_incidents
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.textsafe import printable
+from detector.web import sessions
 from detector.web.api import incident_view
-from detector.web.auth import SESSION_KEY
+from detector.web.auth import SID_KEY
 from detector.web.charts import charts
 from detector.web.deps import decide, web
 
@@ -99,14 +100,19 @@ def login(
     who = web(request).auth.login(token)
     if who is None:
         return _page(request, "login.html", 401, next=_local(next), error="unknown token")
-    request.session[SESSION_KEY] = who
+    web(request).auth.start_session(request, who)
     return RedirectResponse(_local(next), status_code=303)
 
 
 @router.post("/logout")
 def logout(request: Request, csrf: str = Form("")) -> RedirectResponse:
-    """End the session."""
-    _actor(request, csrf)
+    """End the session, here and server-side (a copy of its cookie no longer works)."""
+    who = _actor(request, csrf)
+    sid = request.session.get(SID_KEY)
+    if isinstance(sid, str) and sid:
+        with web(request).session() as store:
+            sessions.end(store, sid, who)
+            store.commit()
     request.session.clear()
     return RedirectResponse("/incidents", status_code=303)
 

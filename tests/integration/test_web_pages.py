@@ -119,6 +119,37 @@ def test_elsewhere_reading_and_acting_need_a_login_and_a_csrf_token(
     assert (row.status, row.decided_by, row.via) == ("approved", "alice", "web")
 
 
+def test_a_session_ends_with_its_token_and_at_logout_everywhere(store: tuple[str, int]) -> None:
+    """A copy of a session cookie does not outlive its logout, nor its token: a server
+    restarted with the same session secret and the token removed or rotated refuses it."""
+    url, _ = store
+    secret = "s" * 40
+    same = _settings(url, host="0.0.0.0", session_secret=secret)
+    with serving(same) as base, httpx.Client(base_url=base) as web:
+        assert web.post("/login", data={"token": TOKEN}).status_code == 303
+        stolen = dict(web.cookies)
+        assert web.get("/incidents").status_code == 200
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', web.get("/incidents").text)
+        assert csrf and web.post("/logout", data={"csrf": csrf[1]}).status_code == 303
+        with httpx.Client(base_url=base, cookies=stolen) as copy:
+            assert copy.get("/incidents").status_code == 303  # to the login form
+    with serving(same) as base, httpx.Client(base_url=base) as web:  # restarted
+        with httpx.Client(base_url=base, cookies=stolen) as copy:
+            assert copy.get("/incidents").status_code == 303
+        assert web.post("/login", data={"token": TOKEN}).status_code == 303
+        kept = dict(web.cookies)
+    for tokens in ({"eve": EVE}, {"alice": "alice-rotated-0123456789abcdef", "eve": EVE}):
+        changed = Settings(
+            database=DatabaseSettings(url=url),
+            containment=ContainmentSettings(approvers=["alice"]),
+            web=WebSettings(host="0.0.0.0", session_secret=secret, tokens=tokens),  # type: ignore[arg-type]
+        )
+        with serving(changed) as base, httpx.Client(base_url=base, cookies=kept) as copy:
+            assert copy.get("/incidents").status_code == 303, tokens
+    with serving(same) as base, httpx.Client(base_url=base, cookies=kept) as copy:
+        assert copy.get("/incidents").status_code == 200  # the token is back: so is the session
+
+
 def test_a_trusted_proxy_header_is_honoured_only_from_a_trusted_proxy(
     store: tuple[str, int],
 ) -> None:
