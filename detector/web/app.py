@@ -29,6 +29,7 @@ from detector.notify.slack.notifier import Notifier
 from detector.web import api, approvals, pages, sessions, slack
 from detector.web.auth import Auth
 from detector.web.context import WebContext
+from detector.web.limits import BoundedBody
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
         https_only=settings.web.base_url.startswith("https://"),
         max_age=sessions.SESSION_MAX_AGE_S,
     )
+    app.add_middleware(BoundedBody, bearer=ctx.auth.bearer)  # added last: the outermost
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(api.router)
     app.include_router(approvals.router)

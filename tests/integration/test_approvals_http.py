@@ -9,6 +9,7 @@ time (2025): its approval expired long ago and a decision on it is refused.
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -192,3 +193,39 @@ def test_a_late_approval_is_refused_with_409_and_changes_nothing(tmp_path: Path)
     assert code == 409, body
     assert "expired at 2025-03-14" in body["detail"]
     assert snapshot() == before
+
+
+def _raw(base: str, head: bytes, body_chunks: int = 0, chunk: bytes = b"") -> bytes:
+    """Send ``head`` then ``body_chunks`` x ``chunk`` on a raw socket; return the answer's first
+    bytes (the server may answer and close before the body is sent)."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head)
+        try:
+            for _ in range(body_chunks):
+                conn.sendall(chunk)
+        except OSError:
+            pass  # answered and closed: the rest was never read
+        return conn.recv(4096)
+
+
+def test_bodies_are_bounded_and_the_api_authenticated_before_reading(
+    server: dict[str, Any],
+) -> None:
+    """A 256 MiB body is never read: 401 without a token, 413 with one, and a chunked body
+    that does not say its size is cut at the bound."""
+    path = f"/api/incidents/{quote(server['key'], safe='')}/steps/3/approve"
+    big = 256 * 1024 * 1024
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {big}\r\n").encode()  # fmt: skip
+    answer = _raw(server["base"], head + b"\r\n", 16, b"x" * 65536)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    bearer = f"Authorization: Bearer {ALICE}\r\n".encode()
+    answer = _raw(server["base"], head + bearer + b"\r\n", 16, b"x" * 65536)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    chunked = (b"POST /slack/interactions HTTP/1.1\r\nHost: x\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    piece = b"10000\r\n" + b"x" * 65536 + b"\r\n"
+    answer = _raw(server["base"], chunked, 64, piece)  # 4 MiB, over the 1 MiB bound
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert post(server, path, None, {"reason": "x"})[0] == 401  # as before, small
