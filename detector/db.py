@@ -72,6 +72,7 @@ NAMING_CONVENTION = {
 
 # 64-bit ids on PostgreSQL; SQLite only auto-increments a column declared INTEGER.
 IdType = BigInteger().with_variant(Integer(), "sqlite")
+MAX_ID = 2**63 - 1  # the largest id a row can have (BIGINT; SQLite's INTEGER is 64-bit too)
 
 
 def to_datetime(ts: float) -> datetime:

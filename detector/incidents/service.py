@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from detector.correlate.state import Stage
 from detector.db import (
+    MAX_ID,
     clean_json,
     clean_text,
     get_or_insert,
@@ -342,7 +343,10 @@ def list_verdicts(*, session: Session) -> list[Verdict]:
 
 @store_errors
 def get_incident(*, session: Session, incident_id: int) -> Incident | None:
-    """Return the incident with ``incident_id``, or None."""
+    """Return the incident with ``incident_id``, or None (also for an id no row can have:
+    under 1 or over the 64-bit column's range, which the store would refuse with an error)."""
+    if not 1 <= incident_id <= MAX_ID:
+        return None
     return session.get(Incident, incident_id)
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from sqlalchemy import text
 
 from detector.errors import StoreError
@@ -50,7 +50,10 @@ def readyz(request: Request) -> dict[str, str]:
 
 @router.get("/api/incidents", dependencies=[reader])
 def incidents(
-    request: Request, stage: str = "", namespace: str = "", since_h: float = 0.0
+    request: Request,
+    stage: str = "",
+    namespace: str = "",
+    since_h: float = Query(0.0, ge=0, le=1e6, description="hours back; 0: no time filter"),
 ) -> dict[str, Any]:
     """Return the incident list and the verdicts (see the module doc)."""
     since = datetime.now(UTC) - timedelta(hours=since_h) if since_h > 0 else None

@@ -229,3 +229,29 @@ def test_bodies_are_bounded_and_the_api_authenticated_before_reading(
     answer = _raw(server["base"], chunked, 64, piece)  # 4 MiB, over the 1 MiB bound
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert post(server, path, None, {"reason": "x"})[0] == 401  # as before, small
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/incidents/99999999999999999999", 404),  # over the 64-bit id column
+        ("GET", "/api/incidents/9223372036854775808", 404),
+        ("GET", "/incidents/0", 404),
+        ("POST", "/api/incidents/99999999999999999999/steps/3/approve", 404),
+        ("GET", "/api/incidents?since_h=1e309", 422),
+        ("GET", "/api/incidents?since_h=-1", 422),
+    ],
+)
+def test_values_out_of_range_at_the_edge_are_404_or_422(
+    server: dict[str, Any], method: str, path: str, status: int
+) -> None:
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    request = urllib.request.Request(server["base"] + path, headers=headers, method=method,
+                                     data=b"" if method == "POST" else None)  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            got = response.status
+    except urllib.error.HTTPError as exc:
+        with exc:
+            got = exc.code
+    assert got == status

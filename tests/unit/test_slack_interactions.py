@@ -96,7 +96,9 @@ def test_a_bad_signature_or_timestamp_is_refused(body: bytes, ts: str, signature
 
 def test_a_signed_body_without_a_json_object_payload_is_bad() -> None:
     ts = str(int(time.time()))
-    for body in (b"nothing=here", urlencode({"payload": "[1]"}).encode()):
+    deep = "[" * 100_000 + "]" * 100_000  # signed, nested deeper than the JSON decoder goes
+    for body in (b"nothing=here", urlencode({"payload": "[1]"}).encode(),
+                 urlencode({"payload": deep}).encode()):  # fmt: skip
         with pytest.raises(NotifyError) as caught:
             signed_payload(body, ts, _signed(body, ts), SECRET)
         assert caught.value.reason == "bad_payload"

@@ -208,6 +208,8 @@ def signed_payload(body: bytes, timestamp: str, signature: str, secret: str) -> 
         payload = json.loads(form["payload"][0])
     except (UnicodeDecodeError, ValueError, KeyError) as exc:
         raise NotifyError("bad_payload", "no JSON payload form field") from exc
+    except RecursionError as exc:  # signed, yet nested deeper than any Slack payload
+        raise NotifyError("bad_payload", "the payload is nested too deep") from exc
     if not isinstance(payload, dict):
         raise NotifyError("bad_payload", "the payload is not a JSON object")
     return payload
