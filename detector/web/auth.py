@@ -23,6 +23,7 @@ import hmac
 import ipaddress
 import secrets
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 
@@ -31,6 +32,7 @@ from detector.config import WebSettings
 SESSION_KEY = "who"
 CREDENTIAL_KEY = "cred"  # the session's credential binding (``Auth.credential``)
 SID_KEY = "sid"  # the session's random id, recorded when it ends
+LOGIN_CSRF_KEY = "login_csrf"  # the login form's token, before anyone is logged in
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="detector"'}
 LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -93,6 +95,38 @@ class Auth:
             {SESSION_KEY: who, CREDENTIAL_KEY: self.credential(who), SID_KEY: secrets.token_hex(16)}
         )
 
+    def login_csrf(self, request: Request) -> str:
+        """Return the login form's CSRF token, kept in the (not yet logged in) session: a
+        login posted from another site cannot know it (login CSRF)."""
+        token = request.session.get(LOGIN_CSRF_KEY)
+        if not isinstance(token, str) or not token:
+            token = request.session[LOGIN_CSRF_KEY] = secrets.token_hex(16)
+        return token
+
+    def check_login_csrf(self, request: Request, presented: str) -> bool:
+        """Return True when ``presented`` is the session's login form token."""
+        token = request.session.get(LOGIN_CSRF_KEY)
+        return (
+            isinstance(token, str)
+            and bool(token)
+            and hmac.compare_digest(token.encode(), presented.encode())
+        )
+
+    def same_origin(self, request: Request) -> bool:
+        """Return True unless the browser says the form came from another site: its
+        ``Origin`` (else ``Referer``) must be this site, ``DETECTOR_WEB__BASE_URL`` when set,
+        else the request's ``Host``. A request with neither header is no browser's form."""
+        source = request.headers.get("origin") or request.headers.get("referer")
+        if not source:
+            return True
+        if source == "null":
+            return False
+        seen = urlsplit(source)
+        if self._web.base_url:
+            site = urlsplit(self._web.base_url)
+            return (seen.scheme, seen.netloc) == (site.scheme, site.netloc)
+        return seen.netloc == request.headers.get("host", "")
+
     def credential(self, who: str) -> str:
         """Return the binding of ``who``'s sessions to their current token ("" without one):
         an HMAC-SHA256 of the owner and the token with the session secret."""
@@ -111,8 +145,8 @@ class Auth:
             if forwarded:
                 return forwarded
         session = request.session
-        if not session:
-            return None
+        if SESSION_KEY not in session:
+            return None  # nobody logged in (a login form's token may be there)
         who, cred, sid = (str(session.get(k) or "") for k in (SESSION_KEY, CREDENTIAL_KEY, SID_KEY))
         current = self.credential(who) if who else ""
         if not (current and cred and sid and hmac.compare_digest(current, cred)) or self.ended(sid):

@@ -89,17 +89,28 @@ def home() -> RedirectResponse:
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request, next: str = "/incidents") -> HTMLResponse:
     """Show the login form (a token of ``DETECTOR_WEB__TOKENS``)."""
-    return _page(request, "login.html", next=_local(next), error="")
+    return _login_page(request, 200, next, "")
+
+
+def _login_page(request: Request, status: int, next: str, error: str) -> HTMLResponse:
+    login_csrf = web(request).auth.login_csrf(request)
+    return _page(request, "login.html", status, next=_local(next), error=error,
+                 login_csrf=login_csrf)  # fmt: skip
 
 
 @router.post("/login", response_model=None)
 def login(
-    request: Request, token: str = Form(""), next: str = Form("/incidents")
+    request: Request, token: str = Form(""), next: str = Form("/incidents"), csrf: str = Form("")
 ) -> HTMLResponse | RedirectResponse:
-    """Start a session for the token's owner; 401 with the form again when it is unknown."""
-    who = web(request).auth.login(token)
+    """Start a session for the token's owner; 401 with the form again when it is unknown,
+    403 when the form came from another site or without this session's login token."""
+    auth = web(request).auth
+    if not auth.same_origin(request) or not auth.check_login_csrf(request, csrf):
+        error = "the login form is stale or from another site: log in again"
+        return _login_page(request, 403, next, error)
+    who = auth.login(token)
     if who is None:
-        return _page(request, "login.html", 401, next=_local(next), error="unknown token")
+        return _login_page(request, 401, next, "unknown token")
     web(request).auth.start_session(request, who)
     return RedirectResponse(_local(next), status_code=303)
 
@@ -313,6 +324,8 @@ def _hours(value: str) -> float:
 def _actor(request: Request, csrf: str) -> str:
     """Return the identity acting, on the allow-list, with a valid CSRF token; else 401/403."""
     ctx = web(request)
+    if not ctx.auth.same_origin(request):
+        raise HTTPException(403, "the form came from another site")
     who = ctx.auth.identity(request)
     if who is None:
         raise HTTPException(401, "log in first: /login")

@@ -224,5 +224,8 @@ def test_the_web_app_serves_the_same_exports_and_links_them(store: Store) -> Non
     with serving(guarded) as base, httpx.Client(base_url=base) as http:
         anonymous = http.get("/incidents/1/postmortem.md")
         assert anonymous.status_code == 303 and anonymous.headers["location"].startswith("/login")
-        assert http.post("/login", data={"token": token}).status_code == 303
+        form = re.search(r'name="csrf" value="([0-9a-f]+)"', http.get("/login").text)
+        assert form is not None
+        login = http.post("/login", data={"token": token, "csrf": form[1]})
+        assert login.status_code == 303
         assert http.get("/incidents/1/postmortem.md").status_code == 200  # the session cookie

@@ -54,6 +54,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]
     yield url, result.incidents[0].id
 
 
+def login(web: httpx.Client, token: str, **form: str) -> httpx.Response:
+    """Post the login form as a browser does: its page first (the form's token), then it."""
+    page = web.get("/login").text
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, page
+    return web.post("/login", data={"token": token, "csrf": found[1], **form})
+
+
 def _approval(url: str) -> StepApproval:
     engine = db.make_engine(url)
     try:
@@ -101,10 +109,10 @@ def test_elsewhere_reading_and_acting_need_a_login_and_a_csrf_token(
         assert web.get("/api/incidents").status_code == 401
         decide = f"/incidents/{incident_id}/steps/4/approve"
         assert web.post(decide, data={"csrf": "x"}).status_code == 401
-        assert web.post("/login", data={"token": "wrong"}).status_code == 401
-        login = web.post("/login", data={"token": TOKEN, "next": "//evil.example/"})
-        assert login.status_code == 303 and login.headers["location"] == "/incidents"
-        cookie = login.headers["set-cookie"].lower()
+        assert login(web, "wrong").status_code == 401
+        opened = login(web, TOKEN, next="//evil.example/")
+        assert opened.status_code == 303 and opened.headers["location"] == "/incidents"
+        cookie = opened.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         assert web.get("/incidents").status_code == 200
         assert web.post(decide, data={"csrf": "stale"}).status_code == 403
@@ -119,6 +127,27 @@ def test_elsewhere_reading_and_acting_need_a_login_and_a_csrf_token(
     assert (row.status, row.decided_by, row.via) == ("approved", "alice", "web")
 
 
+def test_a_login_needs_the_forms_token_and_this_sites_origin(store: tuple[str, int]) -> None:
+    """Login CSRF: a form posted from another site, or without the login page's token,
+    logs nobody in."""
+    url, _ = store
+    with serving(_settings(url, host="0.0.0.0")) as base, httpx.Client(base_url=base) as web:
+        assert web.post("/login", data={"token": TOKEN}).status_code == 403  # no form token
+        page = web.get("/login").text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert csrf
+        form = {"token": TOKEN, "csrf": csrf[1]}
+        for origin in ("https://evil.example", "null"):
+            refused = web.post("/login", data=form, headers={"Origin": origin})
+            assert refused.status_code == 403 and "another site" in refused.text
+        assert web.get("/incidents").status_code == 303  # still nobody
+        ok = web.post("/login", data=form, headers={"Origin": base})
+        assert ok.status_code == 303 and web.get("/incidents").status_code == 200
+        # an acting form from another site is refused too, logged in or not
+        evil = web.post("/logout", data={"csrf": "x"}, headers={"Origin": "https://evil.example"})
+        assert evil.status_code == 403
+
+
 def test_a_session_ends_with_its_token_and_at_logout_everywhere(store: tuple[str, int]) -> None:
     """A copy of a session cookie does not outlive its logout, nor its token: a server
     restarted with the same session secret and the token removed or rotated refuses it."""
@@ -126,7 +155,7 @@ def test_a_session_ends_with_its_token_and_at_logout_everywhere(store: tuple[str
     secret = "s" * 40
     same = _settings(url, host="0.0.0.0", session_secret=secret)
     with serving(same) as base, httpx.Client(base_url=base) as web:
-        assert web.post("/login", data={"token": TOKEN}).status_code == 303
+        assert login(web, TOKEN).status_code == 303
         stolen = dict(web.cookies)
         assert web.get("/incidents").status_code == 200
         csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', web.get("/incidents").text)
@@ -136,7 +165,7 @@ def test_a_session_ends_with_its_token_and_at_logout_everywhere(store: tuple[str
     with serving(same) as base, httpx.Client(base_url=base) as web:  # restarted
         with httpx.Client(base_url=base, cookies=stolen) as copy:
             assert copy.get("/incidents").status_code == 303
-        assert web.post("/login", data={"token": TOKEN}).status_code == 303
+        assert login(web, TOKEN).status_code == 303
         kept = dict(web.cookies)
     for tokens in ({"eve": EVE}, {"alice": "alice-rotated-0123456789abcdef", "eve": EVE}):
         changed = Settings(
@@ -200,14 +229,14 @@ def test_the_kill_switch_and_arming_from_the_page_keep_their_history(
 ) -> None:
     url, _ = store
     with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
-        web.post("/login", data={"token": EVE})
+        login(web, EVE)
         page = web.get("/controls/kill-switch-on").text
         eve_csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
         assert eve_csrf
         refused = web.post("/controls/kill-switch-on", data={"csrf": eve_csrf[1]})
         assert refused.status_code == 403  # logged in, but not an approver
     with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
-        web.post("/login", data={"token": TOKEN})
+        login(web, TOKEN)
         confirm = web.get("/controls/kill-switch-on").text
         assert "Every actuator call, of every workload, is held" in confirm
         csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', confirm)
