@@ -10,6 +10,7 @@ import fcntl
 import functools
 import logging
 import os
+import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import ReturnTypeFromArgs
 
@@ -131,8 +133,10 @@ def make_engine(url: str) -> Engine:
     for a URL SQLAlchemy cannot use.
     """
     try:
-        parsed = make_url(url)
-        engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
+        given = make_url(url)
+        parsed = _process_memory(given)
+        pool = {"poolclass": QueuePool} if parsed is not given else {}
+        engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite", **pool)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise StoreError(f"cannot use database URL {redact(url)}: {exc}") from exc
     if engine.dialect.name == "sqlite":
@@ -440,6 +444,23 @@ def _sqlite_on_connect(*, wal: bool) -> Any:
     return on_connect
 
 
+_MEMORY_KEEPERS: dict[str, sqlite3.Connection] = {}
+
+
+def _process_memory(parsed: URL) -> URL:
+    """Return ``parsed``, with a plain in-memory SQLite URL (``sqlite://``) made one database
+    per process: a named shared-cache in-memory database kept open by a connection held here,
+    so the migration, the pipeline and the read model of one command see the same tables
+    (each plain ``:memory:`` connection is a new, empty database).
+    https://www.sqlite.org/inmemorydb.html"""
+    if parsed.get_backend_name() != "sqlite" or (parsed.database or "") not in ("", ":memory:"):
+        return parsed
+    uri = f"file:detector-{os.getpid()}?mode=memory&cache=shared"
+    if uri not in _MEMORY_KEEPERS:
+        _MEMORY_KEEPERS[uri] = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    return make_url(f"sqlite:///{uri}&uri=true")
+
+
 def _sqlite_file(parsed: URL) -> str | None:
     """Return the file of a SQLite URL, or None for an in-memory database."""
     database = parsed.database or ""
@@ -460,8 +481,40 @@ def _first_line(exc: SQLAlchemyError) -> str:
 
 
 def redact(url: str) -> str:
-    """Return ``url`` with any password hidden, for messages and logs (``***``)."""
+    """Return ``url`` with any password hidden, for messages and logs (``***``).
+
+    A URL whose user part holds an unencoded ``@`` has everything before its last ``@`` hidden
+    (a parser would take part of the password for the host)."""
+    if _ats_before_host(url) > 1:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "<unparseable URL>"
+
+
+def _ats_before_host(url: str) -> int:
+    """Count the ``@`` in a URL's authority (``scheme://user:password@host:port``)."""
+    _, sep, rest = url.partition("://")
+    return rest.split("/", 1)[0].count("@") if sep else 0
+
+
+def check_url(url: str) -> None:
+    """Raise ``StoreError`` (one line, the password hidden) for a database URL no store can be
+    at: one SQLAlchemy cannot parse, with a NUL byte, a port out of 1-65535, or an unencoded
+    ``@`` in the user or password (which would send part of the password as the host)."""
+    where = redact(url)
+    if "\x00" in url or "%00" in url:
+        raise StoreError(f"cannot use database URL {where}: it contains a NUL byte")
+    if _ats_before_host(url) > 1:
+        raise StoreError(
+            f"cannot use database URL {where}: more than one '@' before the host; "
+            "percent-encode an '@' in the user or password as %40"
+        )
+    try:
+        port = make_url(url).port
+    except (ArgumentError, ValueError) as exc:
+        raise StoreError(f"cannot use database URL {where}: {exc}") from exc
+    if port is not None and not 0 < port < 65536:
+        raise StoreError(f"cannot use database URL {where}: port {port} is not in 1-65535")

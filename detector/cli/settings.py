@@ -7,8 +7,9 @@ from pathlib import Path
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from detector import db
 from detector.config import Settings, validation_problems
-from detector.errors import ConfigError
+from detector.errors import ConfigError, StoreError
 
 ENV_PREFIX = "DETECTOR_"
 
@@ -34,4 +35,8 @@ def cli_settings(database_url: str | None, workloads: Path | None) -> Settings:
         settings.database.url = database_url
     if workloads:
         settings.workloads_file = workloads
+    try:
+        db.check_url(settings.database.url)
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from exc
     return settings

@@ -104,8 +104,9 @@ def _wanted(name: str) -> bool:
 
 def _read_file(path: Path) -> Iterator[tuple[SourcePos, bytes]]:
     # one spelling per file, so re-deliveries dedupe; abspath keeps the kubelet symlink's name,
-    # which carries the pod identity (resolve() would follow it to a nameless file)
-    origin = os.path.abspath(path)
+    # which carries the pod identity (resolve() would follow it to a nameless file); a name
+    # that is not UTF-8 keeps its bytes as \xNN escapes (the store and Slack take only UTF-8)
+    origin = os.fsencode(os.path.abspath(path)).decode("utf-8", "backslashreplace")
     with _open(path) as f:
         try:
             if _is_json_document(f) or _is_text_document(f):

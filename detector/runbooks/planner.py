@@ -330,9 +330,17 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
 
 
 def build_variables(
-    ctx: IncidentContext, *, floors: Floors | None = None, gateway: str | None = None
+    ctx: IncidentContext,
+    *,
+    floors: Floors | None = None,
+    gateway: str | None = None,
+    ceiling_for: tuple[str, ...] | None = (),
 ) -> dict[str, Any]:
     """Return the template variables for an incident: plain str/int/float/list/dict/None values.
+
+    ``ceiling_for``: the mechanisms the runbook's ceiling step answers (``()``: any; None: the
+    runbook lowers no ceiling); under another mechanism the ceiling in force stays and sizes
+    the 429 step's concurrency (``rate_limits.gateway_limits``).
 
     Keys: namespace, workload, workload_kind, cluster, stage, victims, victim_count,
     replicas_seen, healthy_replicas, engine, current (latest engine_config attrs), ceiling
@@ -361,6 +369,7 @@ def build_variables(
         config, floor=floors.batch_ceiling or 1, batched_tokens_floor=floors.batched_tokens or 1
     )
     traffic = traffic_before(ctx.signals, last_victim_time(ctx), RATE_WINDOW_S)
+    diagnosis = diagnose(ctx)
     limits = gateway_limits(
         traffic,
         healthy,
@@ -369,11 +378,12 @@ def build_variables(
         rps_floor=floors.rate_limit_rps or 1,
         connections_floor=floors.limit_connections or 1,
         gateway=gateway,
+        ceiling_kept=ceiling_for is None
+        or (bool(ceiling_for) and diagnosis.mechanism.value not in ceiling_for),
     )
     queue = math.ceil(limits.budget_rps * QUEUE_WAIT_S) if limits.budget_rps else 0
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
-    diagnosis = diagnose(ctx)
     return {
         "mechanism": diagnosis.mechanism.value,
         "mechanism_evidence": diagnosis.evidence,
@@ -473,7 +483,9 @@ def plan(
     Raises RunbookError (from rendering) naming the step and param that failed.
     """
     floors = _merge_floors(runbook.floors())
-    variables = build_variables(ctx, floors=floors, gateway=gateway)
+    ceilings = [s for s in runbook.steps if s.action is Action.LOWER_BATCH_CEILING]
+    ceiling_for = tuple(ceilings[0].when or ()) if ceilings else None
+    variables = build_variables(ctx, floors=floors, gateway=gateway, ceiling_for=ceiling_for)
     return [
         PlannedStep(
             position=position,

@@ -179,18 +179,26 @@ def gateway_limits(
     rps_floor: int = 1,
     connections_floor: int = 1,
     gateway: str | None = None,
+    ceiling_kept: bool = False,
 ) -> GatewayLimits:
     """Size the 429 step for ``traffic`` with ``healthy`` of ``seen`` replicas serving.
 
     With every replica down the limits are sized for the first one back. The floors bound the
     per-client values (the ``limit_rps`` / ``limit_connections`` params the step machine checks);
-    the aggregate limit is the budget itself, at least 1 request per minute.
+    the aggregate limit is the budget itself, at least 1 request per minute. The concurrency
+    is what the serving replicas admit: their proposed ceiling, or with ``ceiling_kept`` (the
+    mechanism is one the ceiling step does not answer, so it stays) the ceiling in force: a
+    paged engine queues what is over it itself, and capping connections at the lowered
+    ceiling's full-length fit (14 on a 32k-context vLLM) refused most requests of a service
+    whose answers take seconds.
     """
     serving = max(healthy, 1)
+    per_replica = ceiling.current or ceiling.assumed_current if ceiling_kept else ceiling.proposed
     connections, _ = connection_limit(
-        healthy, ceiling.proposed, param=ceiling.param, floor=connections_floor
+        healthy, per_replica, param=ceiling.param, floor=connections_floor
     )
-    conn_basis = f"serving {serving} x {ceiling.param} {ceiling.proposed} = {connections}"
+    kept = " (in force: the ceiling step does not answer this mechanism)" if ceiling_kept else ""
+    conn_basis = f"serving {serving} x {ceiling.param} {per_replica}{kept} = {connections}"
     if traffic.requests == 0 or seen == 0:
         budget, rpm = None, 60 * rps_floor
         budget_basis = (

@@ -241,3 +241,41 @@ def test_a_bad_flag_is_one_line_naming_the_commands_help(
     args: tuple[str, ...], words: tuple[str, ...]
 ) -> None:
     one_line_error(detector(*args), *words)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("postgresql://u:secret@localhost:99999/db", ["port 99999 is not in 1-65535"]),
+        ("postgresql://u:secret@[::1/db", ["cannot use database URL"]),
+        ("sqlite:///x%00.db", ["NUL byte"]),
+        ("postgresql://u:p@ss@w0rd@localhost/db", ["percent-encode", "%40"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["incidents", "migrate", "replay", "serve"])
+def test_a_database_url_no_store_can_be_at_is_one_line(
+    command: str, url: str, words: list[str]
+) -> None:
+    """Each crashed with a traceback (exit 1); the '@' case printed the password's tail."""
+    args = [str(CASCADE)] if command == "replay" else []
+    proc = detector(command, "--db", url, *args)
+    one_line_error(proc, *words)
+    assert "secret" not in proc.stderr and "w0rd" not in proc.stderr and "ss@" not in proc.stderr
+
+
+def test_replay_into_an_in_memory_store(tmp_path: Path) -> None:
+    """``--db sqlite://`` failed: every connection was a new, empty database."""
+    proc = detector("replay", "--json", "--db", "sqlite://", str(CASCADE))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["incidents"][0]["stage"]
+
+
+def test_a_file_name_that_is_not_utf8_is_replayed(tmp_path: Path) -> None:
+    """A folder replay aborted (UnicodeEncodeError, exit 1) on a Latin-1 file name."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    data = (CASCADE / "container-logs.jsonl").read_bytes()
+    (folder / os.fsdecode(b"caf\xe9.jsonl")).write_bytes(data)
+    proc = detector("replay", "--json", "--db", "sqlite://", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["incidents"], proc.stdout[:500]

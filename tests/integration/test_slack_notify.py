@@ -9,6 +9,7 @@ time): cut after the first death it is ``suspected``; cut after the fourth it is
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -265,6 +266,31 @@ def test_socket_mode_clicks_are_acknowledged_then_decided(
         engine.dispose()
     row = _approval(settings)
     assert (row.status, row.decided_by, row.via) == ("denied", "slack:U42", "slack")
+
+
+def test_socket_mode_says_connected_only_when_it_is(
+    slack_emulator: SlackEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """slack_sdk's connect() returns quietly when the WebSocket fails: the log was "connected"."""
+    emu = slack_emulator
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead_url = f"ws://127.0.0.1:{closed.getsockname()[1]}/link/"
+    real_open = emu._methods["apps.connections.open"]
+    emu._methods["apps.connections.open"] = lambda params: {"url": dead_url}
+    settings = _settings(emu, f"sqlite:///{tmp_path / 'store.db'}", app_token=True)
+    caplog.set_level("INFO", logger="detector.notify.slack.notifier")
+    notifier = Notifier(settings, db.session_factory(db.make_engine(settings.database.url)))
+    notifier.start()
+    try:
+        emu.wait_for(lambda e: "not connected" in caplog.text, what="the failure in the log")
+        assert "socket mode connected" not in caplog.text
+        emu._methods["apps.connections.open"] = real_open  # Slack is back: slack_sdk reconnects
+        emu.wait_for(lambda e: "socket mode connected" in caplog.text, timeout=30,
+                     what="the connection in the log")  # fmt: skip
+        assert emu.socket_connects >= 1
+    finally:
+        notifier.stop()
 
 
 def test_a_sender_that_died_after_slack_got_the_message_does_not_post_it_twice(

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from test_step_transitions import CASCADING, RESTART, T0, cond, failed, rec
+
 from detector.config import CorrelateSettings
 from detector.correlate.context import IncidentContext
 from detector.correlate.correlator import ZOMBIE_AFTER_S, Correlator
@@ -17,7 +19,6 @@ from detector.runbooks.health import Health
 from detector.runbooks.planner import restart_plan, zombies
 from detector.runbooks.steps import StepRecord, StepState
 from detector.runbooks.transitions import Move, Transition, _step_move, next_transition
-from tests.unit.test_step_transitions import CASCADING, RESTART, T0, cond, failed, rec
 
 POD, OTHER, IP = "vllm-m-7d9f8b6c5d-x2k4p", "vllm-m-7d9f8b6c5d-q8w2n", "10.0.0.7"
 # vllm/v1/worker/gpu_worker.py's start-up check, as vllm#42017 quotes it

@@ -63,7 +63,10 @@ def test_parse_epoch(value: float, expected: float) -> None:
     assert parse_epoch(value) == pytest.approx(expected, abs=1e-3)
 
 
-@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), True, 10**400, 1e30])
+# 1e12 was read as milliseconds and accepted as 2001-09-09; 1e15 (us) and 1e18 (ns) are 2001 too
+@pytest.mark.parametrize(
+    "value", [-1, float("nan"), float("inf"), True, 10**400, 1e30, 1e12, 1e15, 1e18, "1e12"]
+)
 def test_parse_epoch_rejects(value: float) -> None:
     with pytest.raises(ParseError) as err:
         parse_epoch(value)

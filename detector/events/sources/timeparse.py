@@ -18,6 +18,10 @@ from detector.errors import ParseError
 _MS_FROM = 1e11  # 1e11 s is the year 5138; 1e11 ms is 1973
 _US_FROM = 1e14
 _NS_FROM = 1e17
+# No source these parsers read (Kubernetes, vLLM, dcgm-exporter, ingress-nginx) wrote a record
+# before 2014: a number read as ms, us or ns that lands before 2010-01-01 is a wrong unit or a
+# wrong field (1e12 is 2001 in milliseconds, and 31,688 years in seconds), not a time.
+_SCALED_FLOOR = 1262304000.0  # 2010-01-01T00:00:00Z
 _MAX_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z, the last time datetime can show
 # A stamp without a zone is the writer's local time, up to UTC+14:00 ahead of UTC
 # (https://www.iana.org/time-zones , Pacific/Kiritimati): the slack of ``not_after``.
@@ -68,7 +72,9 @@ def parse_epoch(value: float) -> float:
 
     Fluent Bit's ``timestamp_format double`` writes seconds with a fraction; Prometheus
     sample timestamps are milliseconds (https://prometheus.io/docs/instrumenting/exposition_formats/).
-    Raises ``ParseError("bad_timestamp")`` for negative, NaN or infinite values.
+    Raises ``ParseError("bad_timestamp")`` for negative, NaN or infinite values, for a time
+    after 9999, and for a number that only ms, us or ns would make a time but lands before
+    2010 (``_SCALED_FLOOR``: a unit no source of these records writes).
     """
     try:
         seconds = float(value)
@@ -82,8 +88,12 @@ def parse_epoch(value: float) -> float:
         seconds /= 1e6
     elif seconds >= _MS_FROM:
         seconds /= 1e3
-    if seconds > _MAX_SECONDS:
-        raise ParseError("bad_timestamp", f"epoch time out of range: {str(value)[:40]}")
+    if seconds > _MAX_SECONDS or (seconds < _SCALED_FLOOR and float(value) >= _MS_FROM):
+        raise ParseError(
+            "bad_timestamp",
+            f"epoch time out of range: {str(value)[:40]} (seconds up to 9999-12-31, or ms, "
+            "us or ns from 2010)",
+        )
     return seconds
 
 

@@ -35,6 +35,7 @@ from detector.notify.slack.sender import SlackSender
 
 log = logging.getLogger(__name__)
 
+SOCKET_WATCH_S = 1.0  # how often the Socket Mode state is read, seconds
 POLL_S = 2.0
 SEND_INTERVAL_S = 0.25  # between drains that sent: Slack takes about 1 message/s per channel
 BACKOFF_S = 1.0
@@ -87,19 +88,33 @@ class Notifier:
             self._thread = None
 
     def _connect(self) -> None:
-        """Connect Socket Mode, retrying with backoff while Slack cannot be reached; the
-        process (the approvals API, the sender) serves meanwhile."""
-        backoff = BACKOFF_S
-        while not self._stop.is_set() and self._socket is not None:
+        """Connect Socket Mode and log each change of its state as it is, until stopped.
+
+        slack_sdk's ``connect()`` returns without raising when the WebSocket handshake fails
+        (it logs and drops the session; its own monitor then reconnects), so the state is read
+        from ``is_connected()``, never assumed. While ``connect()`` itself raises (Slack
+        unreachable, a token refused) it is retried with backoff; the process (the approvals
+        API, the sender) serves meanwhile."""
+        backoff, started, logged = BACKOFF_S, False, None
+        while not self._stop.is_set() and (socket := self._socket) is not None:
             try:
-                self._socket.connect()
-                log.info("slack socket mode connected")
-                return
+                if not started:
+                    socket.connect()
+                    started = True
+                now = socket.is_connected()
             except Exception as exc:  # the connector's boundary: log, retry
                 log.warning("slack socket mode connect failed error=%s backoff_s=%.0f",
                             exc, backoff)  # fmt: skip
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            if now != logged:
+                if now:
+                    log.info("slack socket mode connected")
+                else:
+                    log.warning("slack socket mode not connected: the WebSocket failed; retrying")
+                logged = now
+            self._stop.wait(SOCKET_WATCH_S)
 
     def _run(self) -> None:
         backoff = 0.0
