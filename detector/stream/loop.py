@@ -7,6 +7,10 @@ Polled records pass a reorder buffer first (``detector.stream.reorder``), so tha
 are taken in event-time order while the consumer catches up. On an assignment the
 correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of each partition
 before its committed offset; the writes are idempotent, so nothing duplicates.
+A batch that failed is retried with each of its records in a savepoint of its own: a record
+that fails while the store answers is dead-lettered as ``processing_failed`` with its error
+(``StreamLoop._process_alone``), so no record stalls the stream; a store outage dead-letters
+nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from detector.config import Settings
@@ -33,6 +38,7 @@ from detector.stream.reorder import ReorderBuffer
 log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 0.1
+PROCESSING_FAILED = "processing_failed"  # the dead-letter reason of a record that broke a batch
 MAX_FUTURE_S = 86400.0  # event times further ahead of the wall clock are broken clocks
 # a dead letter larger than this goes as its metadata (``dead_letter_summary``): kafka-python's
 # producer refuses requests over 1 MiB (``max_request_size``) and brokers records over about
@@ -40,6 +46,17 @@ MAX_FUTURE_S = 86400.0  # event times further ahead of the wall clock are broken
 # stream, its batch failing again and again
 DEAD_LETTER_MAX_BYTES = 512 * 1024
 SUMMARY_HEAD_BYTES = 4096  # the first bytes a summary keeps, as text
+
+
+RecordId = tuple[str, int, int]  # topic, partition, offset
+
+
+class Isolated(Exception):
+    """A record's own processing failed while the store answered: it is dead-lettered."""
+
+
+def _record_id(record: Record) -> RecordId:
+    return record.topic, record.partition, record.offset
 
 
 class Source(Protocol):
@@ -96,6 +113,10 @@ class StreamLoop:
         self._backoff_s = 0.0
         self._dirty = False  # incidents changed since their questions were last answered
         self._unkeyed: set[str] = set()  # topics with signals in unkeyed records
+        # records of the last batch that failed: retried one by one until it passes
+        self._suspects: set[RecordId] = set()
+        # records whose own processing failed: dead-lettered with the error, never re-processed
+        self._isolated: dict[RecordId, str] = {}
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -114,6 +135,9 @@ class StreamLoop:
             try:
                 if self.step() == 0 and self._dirty:
                     self._answer_questions()
+            except Isolated as exc:
+                log.warning("record isolated from its batch, dead-lettering it %s", exc)
+                self._recover(stop)
             except (StoreError, StreamError) as exc:
                 log.warning("batch failed, retrying error=%s backoff_s=%.1f", exc, self._backoff_s)
                 self._recover(stop)
@@ -141,8 +165,14 @@ class StreamLoop:
         if not records:
             return len(polled)
         started = time.perf_counter()
-        offsets = self._process(records)
-        self._session.commit()
+        try:
+            offsets = self._process(records)
+            self._session.commit()
+        except Exception:
+            # the retry takes these one by one, to find a record that fails on its own
+            self._suspects = {_record_id(r) for r in records} - self._isolated.keys()
+            raise
+        self._suspects.clear()
         self._on_commit()
         self._backoff_s = 0.0  # the database took a batch: back to normal
         self._dirty = True
@@ -180,8 +210,12 @@ class StreamLoop:
         sent = 0
         touched: set[Partition] = set()
         for record in records:  # in event-time order, as the reorder buffer released them
-            parsed = _parse(record, max_time)
-            if self.processor.process(parsed, self._session) is not None:
+            if self._suspects and _record_id(record) in self._suspects:
+                parsed, new = self._process_alone(record, max_time)
+            else:
+                parsed = self._parsed(record, max_time)
+                new = self.processor.process(parsed, self._session) is not None
+            if new:
                 self._dead_letter(record, parsed)
                 sent += 1
             # after processing: the resolver then knows what the correlator learnt
@@ -200,6 +234,40 @@ class StreamLoop:
         if sent:
             self._sink.flush()
         return self._offsets(touched)
+
+    def _parsed(self, record: Record, max_time: float) -> Parsed:
+        """Parse ``record``; an isolated one becomes its ``processing_failed`` rejection."""
+        why = self._isolated.get(_record_id(record)) if self._isolated else None
+        if why is None:
+            return _parse(record, max_time)
+        source = SourcePos(record.topic, record.offset, record.partition)
+        error = ParseError(PROCESSING_FAILED, why)
+        return Parsed(max(record.timestamp_ms, 0) / 1000.0, source, record.value, [], error)
+
+    def _process_alone(self, record: Record, max_time: float) -> tuple[Parsed, bool]:
+        """Process a record of a batch that failed inside a savepoint of its own.
+
+        When it fails while the store still answers (``SELECT 1``), the record is at fault:
+        it is isolated (``_isolated``) and ``Isolated`` raised, so the batch is rolled back,
+        the correlator rebuilt without it, and the retry dead-letters it with the error. A
+        failing store raises as before: the batch is retried whole and nothing is dead-lettered.
+        Returns the parsed record and whether it made a new dead letter.
+        """
+        savepoint = self._session.begin_nested()
+        try:
+            parsed = self._parsed(record, max_time)
+            new = self.processor.process(parsed, self._session) is not None
+        except Exception as exc:
+            savepoint.rollback()
+            self._session.execute(text("SELECT 1"))  # raises when the store is down
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._isolated[_record_id(record)] = why
+            raise Isolated(
+                f"topic={record.topic} partition={record.partition} offset={record.offset} "
+                f"error={why}"
+            ) from exc
+        savepoint.commit()
+        return parsed, new
 
     def _names(self, parsed: Parsed) -> bool:
         """Tell whether a record names a workload (one of its signals resolves to one)."""

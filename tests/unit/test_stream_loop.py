@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -16,6 +19,7 @@ from detector import db
 from detector.config import Settings
 from detector.errors import StoreError
 from detector.incidents import service
+from detector.pipeline import Parsed, Processor
 from detector.stream.consumer import Committed, Partition, Record
 from detector.stream.loop import StreamLoop
 from detector.stream.metrics import LoopMetrics
@@ -230,3 +234,87 @@ def test_unkeyed_records_warn_only_when_they_name_a_workload(
     assert "records without a key" not in caplog.text  # what detector produce leaves unkeyed
     loop.step()
     assert "records without a key topic=logs" in caplog.text
+
+
+def _run_until(loop: StreamLoop, source: FakeSource, done: Callable[[], bool]) -> None:
+    """Run the loop in a thread until ``done()`` or 20 s, then stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    thread.join(10)
+    assert done(), (source.commits, source.batches)
+
+
+def test_a_record_that_breaks_its_batch_is_isolated_and_dead_lettered(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record whose processing raised (a bug) failed its batch for good: the stream stalled."""
+    _, loop, sink = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 120)
+    bad = logs[60]
+    real = Processor.process
+
+    def process(self: Processor, parsed: Parsed, session: Session) -> object:
+        if parsed.raw == bad.value and parsed.error is None:
+            raise KeyError("a parser bug")
+        return real(self, parsed, session)
+
+    monkeypatch.setattr(Processor, "process", process)
+    # read, then re-read after the failure and after the isolation (FakeSource.seek is a no-op)
+    source = FakeSource([list(logs) for _ in range(3)])
+    loop.attach(source)
+    _run_until(loop, source, lambda: bool(source.commits))
+    assert source.commits[0] == {("logs", 0): Committed(120, f"ts={logs[-1].timestamp_ms}")}
+    [(topic, value, headers)] = sink.sent
+    assert (topic, value, dict(headers or [])["reason"]) == (
+        "detector-dead-letters",
+        bad.value,
+        b"processing_failed",
+    )
+    engine = db.make_engine(sqlite_url)
+    try:
+        with db.session_factory(engine)() as session:
+            (row,) = service.list_dead_letters(session=session)
+    finally:
+        engine.dispose()
+    assert (row.source_position, row.reason) == (60, "processing_failed")
+    assert "KeyError" in row.detail
+    counts = loop.processor.counts  # the other 119 records were processed
+    assert (counts.read, counts.rejected, counts.parsed) == (120, 1, 119)
+
+
+def test_a_store_outage_dead_letters_nothing(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the store is down every record fails, and none of them is the record's fault."""
+    _, loop, sink = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 80)
+    outage = {"left": 3}  # failing calls before the store is back
+    real_commit, real_execute = Session.commit, Session.execute
+
+    def down() -> None:
+        if outage["left"] > 0:
+            outage["left"] -= 1
+            raise StoreError("database down")
+
+    def commit(self: Session) -> None:
+        down()
+        real_commit(self)
+
+    def execute(self: Session, *args: Any, **kwargs: Any) -> Any:
+        down()
+        return real_execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "commit", commit)
+    monkeypatch.setattr(Session, "execute", execute)
+    source = FakeSource([list(logs) for _ in range(6)])
+    loop.attach(source)
+    _run_until(loop, source, lambda: bool(source.commits))
+    assert sink.sent == [] and outage["left"] == 0
+    assert source.commits[0] == {("logs", 0): Committed(80, f"ts={logs[-1].timestamp_ms}")}
