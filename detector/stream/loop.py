@@ -117,6 +117,7 @@ class StreamLoop:
         self._suspects: set[RecordId] = set()
         # records whose own processing failed: dead-lettered with the error, never re-processed
         self._isolated: dict[RecordId, str] = {}
+        self._committed: dict[Partition, int] = {}  # what this process committed last
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -157,6 +158,8 @@ class StreamLoop:
         """
         source = self.source
         polled = source.poll(self._settings.kafka.poll_timeout_ms)
+        if polled and self._committed:
+            self._went_back(polled)
         self._held.add(polled)
         lag = source.lag()
         # A partition not fetched yet has no known lag: it may hold the oldest records.
@@ -182,7 +185,37 @@ class StreamLoop:
                 source.commit(offsets)
             except StreamError as exc:  # the rows are stored: a re-delivery is idempotent
                 log.warning("offset commit failed offsets=%s error=%s", sorted(offsets), exc)
+            else:
+                self._committed.update((p, c.offset) for p, c in offsets.items())
         return len(polled)
+
+    def _went_back(self, polled: list[Record]) -> None:
+        """Tell records polled below what this process committed, outside a re-read of its
+        own: the topic was deleted and created again (the consumer reset to its start)."""
+        firsts: dict[Partition, int] = {}
+        for record in polled:
+            firsts.setdefault((record.topic, record.partition), record.offset)
+        back = [
+            p
+            for p, first in firsts.items()
+            if p not in self._rebuild_until and first < self._committed.get(p, 0)
+        ]
+        if back:
+            self._offsets_reset(back, "the topic was created again")
+
+    def _offsets_reset(self, partitions: list[Partition], why: str) -> None:
+        """Log and count a broker that lost records or commits; the correlator keeps its
+        state (the broker's log no longer holds the window to rebuild it from), so a cascade
+        seen again after the reset goes on in its incident."""
+        log.warning(
+            "offsets went back: %s; correlation state kept, reading the new log from its "
+            "start partitions=%s committed_before=%s",
+            why, partitions, {p: self._committed.get(p) for p in partitions},
+        )  # fmt: skip
+        for partition in partitions:
+            self.metrics.offset_resets.labels(partition[0]).inc()
+            self._committed.pop(partition, None)
+            self._done.pop(partition, None)
 
     def _observe(self, records: list[Record], seconds: float, lag: dict[Partition, int]) -> None:
         """Update the loop's metrics after a committed batch."""
@@ -195,15 +228,33 @@ class StreamLoop:
         m.set_lag(lag)
 
     def on_assign(self, partitions: list[Partition]) -> None:
-        """Rebuild the correlator state of the assigned partitions (see module docstring)."""
-        log.debug("rebuilding state partitions=%s", partitions)
-        self.processor = Processor.from_settings(self._settings)
+        """Rebuild the correlator state of the assigned partitions (see module docstring).
+
+        When the broker holds no commit, or an older one, for a partition this process
+        committed, it lost its data (a broker without its disks, a group or topic deleted):
+        the state is kept and each partition read from its commit, or its start."""
+        source = self.source
+        commits = {p: source.committed(p) for p in partitions}
+        lost = [
+            p
+            for p, done in self._committed.items()
+            if p in commits and (commits[p] or Committed(-1, "")).offset < done
+        ]
         self._rebuild_until.clear()
         self._held.clear()
         self._done.clear()
         _warn_unless_copartitioned(partitions)
+        if lost:
+            self._offsets_reset(lost, "the broker lost its commits")
+            for partition, commit in commits.items():
+                source.seek(
+                    partition, source.beginning(partition) if commit is None else commit.offset
+                )
+            return
+        log.debug("rebuilding state partitions=%s", partitions)
+        self.processor = Processor.from_settings(self._settings)
         for partition in partitions:
-            self._rebuild(partition)
+            self._rebuild(partition, commits[partition])
 
     def _process(self, records: list[Record]) -> dict[Partition, Committed]:
         max_time = time.time() + MAX_FUTURE_S
@@ -316,8 +367,7 @@ class StreamLoop:
         self._on_commit()
         self._dirty = False
 
-    def _rebuild(self, partition: Partition) -> None:
-        committed = self.source.committed(partition)
+    def _rebuild(self, partition: Partition, committed: Committed | None) -> None:
         if committed is None:  # like auto_offset_reset=earliest
             log.info("no committed offset, reading from start topic=%s partition=%d", *partition)
             self.source.seek(partition, self.source.beginning(partition))

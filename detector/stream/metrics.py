@@ -12,7 +12,8 @@ from detector.stream.consumer import Partition
 
 
 class LoopMetrics:
-    """Records consumed and rejected, batch latency, consumer lag, open incidents."""
+    """Records consumed and rejected, batch latency, consumer lag, offset resets, open
+    incidents."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -39,6 +40,13 @@ class LoopMetrics:
         self.held = Gauge(
             "detector_reorder_held_records",
             "Records held back to align partitions in event time",
+            registry=self.registry,
+        )
+        self.offset_resets = Counter(
+            "detector_offset_resets",
+            "Partitions whose offsets went back: the broker lost records or commits, or the "
+            "topic was created again",
+            ["topic"],
             registry=self.registry,
         )
         self.open_incidents = Gauge(

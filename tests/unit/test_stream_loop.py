@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -318,3 +319,21 @@ def test_a_store_outage_dead_letters_nothing(
     _run_until(loop, source, lambda: bool(source.commits))
     assert sink.sent == [] and outage["left"] == 0
     assert source.commits[0] == {("logs", 0): Committed(80, f"ts={logs[-1].timestamp_ms}")}
+
+
+def test_offsets_that_go_back_are_counted_and_the_state_kept(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    """A topic created again under a running consumer: kafka-python resets to its start."""
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 200)
+    again = [dataclasses.replace(r, offset=r.offset - 150) for r in logs[150:]]  # new: 0..49
+    source = FakeSource([logs[:150], again])
+    loop.attach(source)
+    loop.step()
+    processor = loop.processor
+    loop.step()
+    assert loop.processor is processor  # the correlator kept what it knew
+    assert source.commits[-1] == {("logs", 0): Committed(50, f"ts={logs[-1].timestamp_ms}")}
+    exposition = generate_latest(loop.metrics.registry).decode()
+    assert 'detector_offset_resets_total{topic="logs"} 1.0' in exposition
