@@ -127,7 +127,7 @@ def _numbers(value: Any) -> Any:
         return {k: _numbers(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_numbers(v) for v in value]
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return value
 

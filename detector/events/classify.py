@@ -162,7 +162,7 @@ def parse_size(number: str, unit: str | None) -> int:
     key = (unit or "").lower()
     key = key if key == "bytes" else key[:1]
     number = number.replace(",", "")
-    if number.isdigit():  # exact for sizes beyond float precision (2**53)
+    if number.isascii() and number.isdigit():  # exact for sizes beyond float precision (2**53)
         return int(number) * _UNIT_BYTES.get(key, 1)
     return round(float(number) * _UNIT_BYTES.get(key, 1))
 

@@ -43,6 +43,6 @@ def load_incident(*, session: Session, ref: str) -> IncidentOut | None:
     Raises StoreError.
     """
     incident = service.get_incident_by_key(session=session, key=ref)
-    if incident is None and ref.isdigit():
+    if incident is None and ref.isascii() and ref.isdigit():
         incident = service.get_incident(session=session, incident_id=int(ref))
     return IncidentOut.model_validate(incident) if incident is not None else None

@@ -169,7 +169,7 @@ def rerequest(
 def find_incident(*, session: Session, ref: str) -> Incident:
     """Return the incident by key or numeric id; raise ApprovalError(``not_found``)."""
     incident = service.get_incident_by_key(session=session, key=ref)
-    if incident is None and ref.isdigit():
+    if incident is None and ref.isascii() and ref.isdigit():
         incident = service.get_incident(session=session, incident_id=int(ref))
     if incident is None:
         raise ApprovalError("not_found", f"no incident {ref!r}")

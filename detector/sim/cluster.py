@@ -48,7 +48,7 @@ def engine_args(args: list[str]) -> dict[str, int]:
         name, sep, value = arg[2:].partition("=")
         if not sep and i + 1 < len(args):
             value = args[i + 1]
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             out[name] = int(value)
     return out
 

@@ -105,7 +105,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/api/openapi.json",  # what schemathesis and API clients read
     )
     app.state.web = ctx
     app.add_exception_handler(RequestValidationError, invalid_request)

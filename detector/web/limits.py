@@ -73,7 +73,7 @@ class BoundedBody:
                 return JSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
         length = Headers(scope=scope).get("content-length")
         if length is not None:
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):
                 return JSONResponse({"detail": "Content-Length is not a number"}, 400)
             if int(length) > self.max_bytes:
                 return _too_large(self.max_bytes)

@@ -30,7 +30,7 @@ async def slack_interactions(request: Request, background: BackgroundTasks) -> R
     if slack.signing_secret is None or ctx.notifier is None:
         raise HTTPException(404, "Slack interactions are not configured")
     length = request.headers.get("Content-Length", "")
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+    if length.isascii() and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise HTTPException(413, "the request body is too large")
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:

@@ -57,7 +57,7 @@ def group_of_name(lws: str, pod: str) -> tuple[str, str] | None:
     """
     rest = pod[len(lws) + 1 :] if pod.startswith(f"{lws}-") else ""
     parts = rest.split("-")
-    if not rest or not all(p.isdigit() for p in parts) or len(parts) > 2:
+    if not rest or not all(p.isascii() and p.isdigit() for p in parts) or len(parts) > 2:
         return None
     return f"{lws}-{parts[0]}", parts[0]
 

@@ -195,7 +195,7 @@ def signed_payload(body: bytes, timestamp: str, signature: str, secret: str) -> 
     ``SignatureVerifier``; then decodes the form field ``payload`` (JSON). Raises
     NotifyError: ``bad_signature`` or ``bad_payload``.
     """
-    if not timestamp.isdigit() or not signature.startswith("v0="):
+    if not (timestamp.isascii() and timestamp.isdigit()) or not signature.startswith("v0="):
         raise NotifyError("bad_signature", "no Slack signature or timestamp")
     try:
         valid = SignatureVerifier(secret).is_valid(body, timestamp, signature)
