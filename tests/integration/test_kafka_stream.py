@@ -105,7 +105,9 @@ def test_poisoned_record_lands_in_dead_letter_topic_and_table(
     topic = f"{prefix}-k8s-logs"
     poisoned = tmp_path / "poisoned.jsonl"
     good = (CASCADE / "container-logs.jsonl").read_bytes().splitlines()[:3]
-    poisoned.write_bytes(b"\n".join([good[0], b'{"log": "CUDA out of mem', good[1]]) + b"\n")
+    deep = b"[" * 100_000 + b"]" * 100_000  # past the JSON decoder's recursion limit
+    bad = [b'{"log": "CUDA out of mem', b'{"log": "\xff\xfe CUDA out of memory"}', deep]
+    poisoned.write_bytes(b"\n".join([good[0], *bad, good[1]]) + b"\n")
     sent = produce(kafka_bootstrap, topic, poisoned)
     proc = start_detector(kafka_bootstrap, prefix, sqlite_url, tmp_path / "run.log", [topic])
     try:
@@ -115,9 +117,15 @@ def test_poisoned_record_lands_in_dead_letter_topic_and_table(
     engine = create_engine(sqlite_url)
     with Session(engine) as session:
         letters = service.list_dead_letters(session=session)
-        rows = [(d.source_origin, d.source_partition, d.source_position, d.reason) for d in letters]
+        rows = sorted(
+            (d.source_origin, d.source_partition, d.source_position, d.reason) for d in letters
+        )
     engine.dispose()
-    assert rows == [(topic, 0, 1, "malformed_json")]
+    assert rows == [
+        (topic, 0, 1, "malformed_json"),
+        (topic, 0, 2, "not_utf8"),
+        (topic, 0, 3, "malformed_json"),
+    ]
     consumer = KafkaConsumer(
         bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000
     )
