@@ -369,7 +369,7 @@ def _awaiting(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transitio
     fresh = current_step(step, cond)
     if got is not None and got.status in ("approved", "denied"):
         approval = {**base, "status": got.status, "by": got.by, "via": got.via, "at": now}
-        why = f"{got.status} by {got.by} via {got.via}" + (f": {got.reason}" * bool(got.reason))
+        why = f"via {got.via}" + (f": {got.reason}" * bool(got.reason))  # the message says by whom
         actor = got.by or "?"
         if got.status == "denied":
             update = _to(StepState.DENIED, "failed", approval=approval)
@@ -575,8 +575,8 @@ def _rest_recovered(
     skipped = [p for p in _pods(step) if p not in done]
     deadline = cond.now + step.verify.deadline_s
     why = (
-        f"not restarted, recovered or no longer at the ceiling: {', '.join(skipped)}; "
-        f"verify by {hms(deadline)}"
+        f"the rest is not restarted (recovered or no longer at the ceiling): "
+        f"{', '.join(skipped)}; the restarts done are verified by {hms(deadline)}"
     )
     update = {"state": StepState.VERIFYING.value, "deadline_at": deadline}
     return _t(step, Move.WITHDRAWN, rec, cond.now, why, update, key="withdrawn:rest")

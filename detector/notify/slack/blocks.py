@@ -22,6 +22,7 @@ from typing import Any
 
 from detector.notify.slack.mrkdwn import code, code_block, cut, text
 from detector.report.document import decidable, past_expiry
+from detector.report.now import StateNow
 
 STAGE_EMOJI = {"suspected": "⚠️", "cascading": "🔥", "contained": "🛡️", "resolved": "✅"}
 STATE_EMOJI = {
@@ -76,8 +77,15 @@ class Options:
     drill: bool = False  # a replay posted for a drill or a demo: labelled, mentions no one
 
 
-def root_message(inc: Mapping[str, Any], doc: Mapping[str, Any], options: Options) -> Message:
-    """Return the incident's root message (see the module doc)."""
+def root_message(
+    inc: Mapping[str, Any],
+    doc: Mapping[str, Any],
+    options: Options,
+    now: StateNow | None = None,
+) -> Message:
+    """Return the incident's root message (see the module doc); ``now``
+    (``detector.report.now.state_now``) adds the state of now and keeps dead pods' readings
+    out of the memory row."""
     stage = doc["stage"]
     emoji = STAGE_EMOJI.get(stage, "❔")
     drill = DRILL if options.drill else ""
@@ -85,9 +93,10 @@ def root_message(inc: Mapping[str, Any], doc: Mapping[str, Any], options: Option
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": cut(title, 150)}},
         _section(_summary(inc, doc)),
-        _section(_victims(inc)),
-        _section(_signals(inc)),
     ]
+    if now is not None:
+        blocks.append(_section(_now(now)))
+    blocks += [_section(_victims(inc)), _section(_signals(inc, now))]
     risk = at_risk(inc, options)
     if risk:
         blocks.append(_section(f"*Next victim at risk:* {risk}"))
@@ -127,13 +136,39 @@ def _victims(inc: Mapping[str, Any]) -> str:
     return f"*Victims, in order ({len(victims)}):*\n" + "\n".join(rows)
 
 
-def _signals(inc: Mapping[str, Any]) -> str:
+def _now(now: StateNow) -> str:
+    """Return the state of now: pods serving and down, the endpoint, the latest rates."""
+    if now.endpoint_down:
+        pods = f"🛑 *endpoint down:* all {len(now.seen)} pods seen are down"
+    else:
+        down = f", {len(now.down)} down ({', '.join(code(p) for p in now.down[:4])}" + (
+            " …)" if len(now.down) > 4 else ")"
+        )
+        pods = f"*{now.serving} pods serving*" + (down if now.down else "")
+    lines = [f"*Now:* {pods}"]
+    lb = now.lb
+    if lb is not None:
+        ratio = f" ({lb.error_ratio:.0%})" if lb.error_ratio is not None else ""
+        lines.append(
+            f"Load balancer, {lb.window_s:.0f} s to {_clock(lb.until)}: "
+            f"{lb.requests_per_s:.1f} req/s, 5xx {lb.errors_5xx_per_s:.1f}/s{ratio}, "
+            f"429 {lb.shed_429_per_s:.1f}/s"
+        )
+    return "\n".join(lines)
+
+
+def _signals(inc: Mapping[str, Any], now: StateNow | None = None) -> str:
     evidence = inc["evidence"]
+    live = list(now.readings.values()) if now is not None else evidence
+    lb = _latest_summary(evidence, "lb_errors")
+    if lb:
+        at = max(_parse(e["time"]) for e in evidence if e["kind"] == "lb_errors")
+        lb = f"{lb} (at {_clock(at)})"
     rows = [
         ("GPU OOM", _oom_figures(evidence)),
         ("Crash loop", _latest_summary(evidence, "crash_loop")),
-        ("Load balancer 5xx", _latest_summary(evidence, "lb_errors")),
-        ("Memory pressure", _peak_memory(evidence)),
+        ("Load balancer 5xx", lb),
+        ("Memory pressure" + (", live pods" if now is not None else ""), _peak_memory(live)),
     ]
     lines = [f"• *{name}:* {value or '_not seen_'}" for name, value in rows]
     return "*Signals:*\n" + "\n".join(lines)

@@ -39,7 +39,9 @@ from detector.notify.slack.blocks import (
     root_message,
 )
 from detector.report.document import incident_document
+from detector.report.now import state_now
 from detector.report.read import load_incidents
+from detector.report.series import load_series
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,9 @@ class SlackSender:
         incident = session.get(Incident, incident_id)
         assert incident is not None
         inc = load_incidents(session=session, keys=[incident.key])[0].model_dump(mode="json")
+        series = [
+            s.model_dump(mode="json") for s in load_series(session=session, incident_id=incident_id)
+        ]
         options = Options(
             self._base_url,
             self._correlate.memory_ceiling,
@@ -138,7 +143,8 @@ class SlackSender:
             datetime.now(UTC),
             drill,
         )
-        return inc, root_message(inc, incident_document(inc), options)
+        now = state_now(inc, series)
+        return inc, root_message(inc, incident_document(inc), options, now)
 
     def _post_root(
         self, thread: NotificationThread, key: str, root: Message, attempted: bool
