@@ -101,6 +101,10 @@ class Correlator:
         if ws is None:
             width = self.cfg.rate_window_s
             ws = self.workloads[ref] = WorkloadState(ref, RateWindow(width), ClientWindow(width))
+        elif ws.ref is not ref:  # a better source named its kind: the same workload, re-keyed
+            del self.workloads[ref]
+            self.workloads[ref] = ws
+            ws.ref = ref
         time, kind, pod = signal.time, signal.kind, signal.pod
         now = time if time > self.now else self.now
         revision = self.resolver.revised and self.resolver.take_revision()
@@ -262,7 +266,8 @@ class Correlator:
         """Forget pods and GPUs idle for longer than the window, outside open incidents.
 
         A workload of kind ``unknown`` is its one pod (no controller could be told from its
-        name or labels): it goes with its pod, with its resolved incidents' views.
+        name or labels): it goes with its pod, with its resolved incidents' views, once no
+        load-balancer line of its upstream came within the window either.
         """
         last_sweep = self._next_sweep - self._sweep_every_s
         self._next_sweep = now + self._sweep_every_s
@@ -273,7 +278,8 @@ class Correlator:
                 continue
             for pod in ws.forget_idle(horizon):
                 self.resolver.forget(ref.namespace, pod, ref)
-            if ref.kind == "unknown" and not ws.pods:
+            lb_seen = ws.last_lb is not None and ws.last_lb.time >= horizon
+            if ref.kind == "unknown" and not ws.pods and not lb_seen:
                 del self.workloads[ref]
                 self.resolver.forget_workload(ref)
                 self.series_book.forget(ref)

@@ -7,7 +7,10 @@ Rules, in order:
    (``pod_ip`` attr): that pod's workload, whatever the upstream is named
    (Envoy Gateway ``httproute/<ns>/<route>/rule/<n>``, Istio ``outbound|<port>||<host>``);
    else the upstream name, through the YAML mapping, else the ingress-nginx convention
-   ``<namespace>-<service>-<port>`` with the service named after the workload;
+   ``<namespace>-<service>-<port>`` with the service named after the workload; a name names
+   a workload, not its controller's kind: it is the workload of that namespace and name
+   whatever controller its pods name (StatefulSet, Rollout, LeaderWorkerSet, DaemonSet, a
+   bare pod), and "Deployment" only until a pod names the kind (``BY_UPSTREAM``);
    a line logged by the serving pod's own sidecar proxy (``sidecar``) names its pod instead;
 2. labels that name the top controller, above the pod's immediate owner: a LeaderWorkerSet
    (``leaderworkerset.sigs.k8s.io/name``; its pods are owned by StatefulSets, one per group),
@@ -16,12 +19,18 @@ Rules, in order:
    owned by ReplicaSets);
 3. ownerReferences: a ReplicaSet ``<deployment>-<pod-template-hash>``, else the owner itself
    (StatefulSet, Job, a custom resource), except a Node (a static pod's mirror);
-4. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``;
+4. well-known labels: ``pod-template-hash`` (Deployment), ``statefulset.kubernetes.io/pod-name``,
+   ``pod-template-generation`` with a ``<daemonset>-<5 chars>`` name (DaemonSet);
 5. the pod name's hash suffixes: ``<deployment>-<rs hash>-<5 chars>`` or ``<statefulset>-<n>``.
 A pod's workload is cached with the rule that named it; a later signal of the pod that an
 earlier rule names (ownerReferences or a controller label arriving after a GPU metric named
 only the pod) revises it, and ``resolve`` says so (``take_revision``): the correlator then
 moves the pod's state from the old workload to the new one.
+A workload is its cluster, namespace and name, as its incident key, the mapping file and the
+armed workloads name it (``WorkloadRef`` compares no kind): the resolver holds one object per
+workload, with the kind the most authoritative rule named so far; a better rule naming
+another kind replaces that object wherever the resolver holds it, and the correlator follows
+(its state of the workload is the same, under the new kind).
 Sources: https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#pod-template-hash-label,
 https://lws.sigs.k8s.io/docs/reference/labels-annotations-and-environment-variables/,
 https://argo-rollouts.readthedocs.io/en/stable/features/specification/ (rollouts-pod-template-hash),
@@ -31,7 +40,7 @@ https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#P
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from detector.config import WorkloadMap
@@ -41,21 +50,28 @@ from detector.events.model import Signal, SignalKind
 _DEPLOYMENT_POD = re.compile(r"^(?P<name>.+)-[bcdfghjklmnpqrstvwxz2456789]{5,10}-[a-z0-9]{5}$")
 _STATEFULSET_POD = re.compile(r"^(?P<name>.+)-\d+$")
 _RS_NAME = re.compile(r"^(?P<name>.+)-[bcdfghjklmnpqrstvwxz2456789]{5,10}$")
+_DAEMONSET_POD = re.compile(r"^(?P<name>.+)-[bcdfghjklmnpqrstvwxz2456789]{5}$")
 _SERVICE_PORT = re.compile(r"^(?P<svc>[a-z0-9-]+)-(?:\d+|[a-z][a-z0-9]*)$")
 _UPSTREAM = re.compile(r"^(?P<ns>[a-z0-9-]+?)-(?P<svc>[a-z0-9-]+)-(?P<port>\d+|[a-z]+)$")
 _UNSEEN: Any = object()  # an upstream not looked up yet (None is a cached "no workload")
-# How authoritative the rule that named a pod's workload is (rules 5, 4, 3, 2 above)
-BY_NAME, BY_LABEL, BY_OWNER, BY_CONTROLLER_LABEL = 0, 1, 2, 3
+# How authoritative the rule that named a pod's workload is (rules 5, 4, 3, 2 above); an
+# upstream's name (rule 1) names the workload but not its kind: under every pod rule
+BY_UPSTREAM, BY_NAME, BY_LABEL, BY_OWNER, BY_CONTROLLER_LABEL = -1, 0, 1, 2, 3
 _LB = SignalKind.LB_RESPONSE
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRef:
-    """A workload: the unit one incident is about."""
+    """A workload: the unit one incident is about.
+
+    Equal and hashed by cluster, namespace and name, as the incident key names it; ``kind``
+    (Deployment | StatefulSet | Rollout | LeaderWorkerSet | DaemonSet | ... | unknown) is what
+    the best source seen said of its controller, and is no part of its identity.
+    """
 
     namespace: str
     name: str
-    kind: str = "Deployment"  # Deployment | StatefulSet | Rollout | LeaderWorkerSet | unknown
+    kind: str = field(default="Deployment", compare=False)
     cluster: str | None = None
 
     @property
@@ -76,7 +92,8 @@ class WorkloadResolver:
         self._pod_ips: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its pod IP
         self._upstreams: dict[str, WorkloadRef | None] = {}
         self._namespaces: set[str] = set()
-        self._refs: dict[WorkloadRef, WorkloadRef] = {}  # one object per workload
+        # one object per workload -> (it, the authority of the rule that named its kind)
+        self._refs: dict[WorkloadRef, tuple[WorkloadRef, int]] = {}
         # (pod, the workload it resolved to before) of the last resolve that revised a pod
         self.revised: tuple[str, WorkloadRef] | None = None
 
@@ -113,8 +130,11 @@ class WorkloadResolver:
         return revised
 
     def forget_workload(self, ref: WorkloadRef) -> None:
-        """Drop a workload no cached pod resolves to any more (an ``unknown`` one-pod one)."""
+        """Drop a workload no cached pod resolves to any more (an ``unknown`` one-pod one),
+        and the upstreams cached to it: their next line names the workload anew."""
         self._refs.pop(ref, None)
+        for upstream in [u for u, r in self._upstreams.items() if r == ref]:
+            del self._upstreams[upstream]
 
     def resolve(self, signal: Signal) -> WorkloadRef | None:
         """Return the signal's workload, or None when it names none."""
@@ -142,7 +162,11 @@ class WorkloadResolver:
         return ref
 
     def for_upstream(self, upstream: str) -> WorkloadRef | None:
-        """Map an upstream name to its workload: the YAML mapping first, then the convention."""
+        """Map an upstream name to its workload: the YAML mapping first, then the convention.
+
+        The name gives a namespace and a workload name: the workload of that name whatever
+        its controller (the kind its pods named; "Deployment" until one does).
+        """
         ref = self._upstreams.get(upstream, _UNSEEN)
         if ref is not _UNSEEN:
             return ref
@@ -153,7 +177,7 @@ class WorkloadResolver:
         elif upstream != "upstream-default-backend":
             ref = self._by_convention(upstream)
         if ref is not None:
-            ref = self._intern(ref)
+            ref = self._intern(ref, BY_UPSTREAM)
         self._upstreams[upstream] = ref
         return ref
 
@@ -168,9 +192,10 @@ class WorkloadResolver:
         kind, name, authority = classify_pod(pod, signal.labels, signal.owner)
         if cached is not None and authority <= cached[1]:
             return cached[0]
-        ref = self._intern(WorkloadRef(key[0], name, kind, signal.cluster or self._cluster))
+        named = WorkloadRef(key[0], name, kind, signal.cluster or self._cluster)
+        ref = self._intern(named, authority)
         self._pods[key] = (ref, authority)
-        if cached is not None and cached[0] is not ref:
+        if cached is not None and cached[0] != ref:  # another workload, not another kind
             self.revised = (pod, cached[0])
         return ref
 
@@ -190,9 +215,27 @@ class WorkloadResolver:
         cached = self._pods.get(key) if key is not None else None
         return cached[0] if cached is not None else None
 
-    def _intern(self, ref: WorkloadRef) -> WorkloadRef:
-        """Return the one object of an equal workload: dict lookups then match by identity."""
-        return self._refs.setdefault(ref, ref)
+    def _intern(self, ref: WorkloadRef, authority: int) -> WorkloadRef:
+        """Return the one object of the workload ``ref`` names (dict lookups then match by
+        identity), with the kind the most authoritative rule named: ``ref``'s when its rule
+        (``authority``) is better than the one that named the kind held, which it replaces."""
+        held = self._refs.get(ref)
+        if held is None:
+            self._refs[ref] = (ref, authority)
+            return ref
+        known, named_by = held
+        if known.kind == ref.kind or authority <= named_by:
+            if authority > named_by:
+                self._refs[known] = (known, authority)
+            return known
+        self._refs[ref] = (ref, authority)
+        for key, (cached, by) in self._pods.items():
+            if cached is known:
+                self._pods[key] = (ref, by)
+        for upstream, cached_ref in self._upstreams.items():
+            if cached_ref is known:
+                self._upstreams[upstream] = ref
+        return ref
 
     def _by_convention(self, upstream: str) -> WorkloadRef | None:
         """Split ``<namespace>-<service>-<port>``, preferring the longest namespace seen."""
@@ -256,6 +299,8 @@ def classify_pod(
         return "Deployment", pod.rsplit(f"-{rs_hash}-", 1)[0], BY_LABEL
     if "statefulset.kubernetes.io/pod-name" in labels and (m := _STATEFULSET_POD.match(pod)):
         return "StatefulSet", m["name"], BY_LABEL
+    if "pod-template-generation" in labels and (m := _DAEMONSET_POD.match(pod)):
+        return "DaemonSet", m["name"], BY_LABEL  # set on a DaemonSet's pods only
     if m := _DEPLOYMENT_POD.match(pod):
         return "Deployment", m["name"], BY_NAME
     if m := _STATEFULSET_POD.match(pod):

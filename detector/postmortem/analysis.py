@@ -591,7 +591,8 @@ def action_items(
             "series: pressure",
         ) | {"threshold": threshold, "baseline": base})  # fmt: skip
     shed = _step_params(document, "enable_rate_limit")
-    if shed and shed.get("aggregate_limit_rpm") is not None:
+    sized = shed is not None and shed.get("aggregate_budget_rps") != "unknown"
+    if shed and sized and shed.get("aggregate_limit_rpm") is not None:
         out.append(_item(
             f"Keep a 429 limit ready at the gateway: {shed['aggregate_limit_rpm']}/min and "
             f"{shed.get('aggregate_connections')} connections in all",

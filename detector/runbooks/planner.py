@@ -30,6 +30,7 @@ MAX_LOAD_S = 1800.0  # a start longer than this is not one model load (a stuck o
 # clients and gateways that fail over or retry on 429 (the OpenAI SDK, LiteLLM, Kong's AI
 # proxy) would turn the refusals into more load
 QUEUE_WAIT_S = 10.0
+NOTHING_LACKING = "nothing"  # a step's ``lacks`` param when its sizing had every input
 DEFAULT_FLOORS = Floors(
     batch_ceiling=1, batched_tokens=512, rate_limit_rps=1, limit_connections=1, spacing_s=30.0
 )
@@ -63,6 +64,13 @@ class PlannedStep:
     lift: Lift | None = None
     floors: Floors = DEFAULT_FLOORS
     when: tuple[str, ...] = ()  # the mechanisms the step answers (empty: any)
+
+    @property
+    def lacks(self) -> str | None:
+        """Return what the step's sizing lacks (its ``lacks`` param), None when it lacks
+        nothing; a step that lacks an input is not sized and never acts (``transitions``)."""
+        value = self.params.get("lacks")
+        return value if value and value != NOTHING_LACKING else None
 
 
 def _merge_floors(floors: Floors | None) -> Floors:
@@ -330,17 +338,9 @@ def restart_plan(ctx: IncidentContext) -> tuple[list[str], list[str], str]:
 
 
 def build_variables(
-    ctx: IncidentContext,
-    *,
-    floors: Floors | None = None,
-    gateway: str | None = None,
-    ceiling_for: tuple[str, ...] | None = (),
+    ctx: IncidentContext, *, floors: Floors | None = None, gateway: str | None = None
 ) -> dict[str, Any]:
     """Return the template variables for an incident: plain str/int/float/list/dict/None values.
-
-    ``ceiling_for``: the mechanisms the runbook's ceiling step answers (``()``: any; None: the
-    runbook lowers no ceiling); under another mechanism the ceiling in force stays and sizes
-    the 429 step's concurrency (``rate_limits.gateway_limits``).
 
     Keys: namespace, workload, workload_kind, cluster, stage, victims, victim_count,
     replicas_seen, healthy_replicas, engine, current (latest engine_config attrs), ceiling
@@ -350,8 +350,10 @@ def build_variables(
     step's sizing (``detector.runbooks.rate_limits``: aggregate_budget_rps, aggregate_limit_rpm,
     aggregate_connections; rate_limit_rps and limit_connections per client IP and controller
     replica; aggregate_bound_rps and aggregate_bound_connections, what those allow for the
-    clients seen), rate_limit_basis, queue_burst and queue_wait_s (the requests over the
-    budget the gateway queues, ``QUEUE_WAIT_S`` of it), ingress_name, upstream, restart_order
+    clients seen), rate_limit_basis, rate_limit_lacks (what that sizing lacks, an unknown
+    budget: the step's ``lacks``; ``NOTHING_LACKING`` when sized), queue_burst and
+    queue_wait_s (the requests over the budget the gateway queues, ``QUEUE_WAIT_S`` of it),
+    ingress_name, upstream, restart_order
     (crashed_pods then healthy_restarts, see ``restart_plan``), zombie_pods (``zombies``),
     restart_order_basis,
     spacing_s, model_load_s, spacing_basis, gateway (the configured 429 gateway, "" when
@@ -369,7 +371,6 @@ def build_variables(
         config, floor=floors.batch_ceiling or 1, batched_tokens_floor=floors.batched_tokens or 1
     )
     traffic = traffic_before(ctx.signals, last_victim_time(ctx), RATE_WINDOW_S)
-    diagnosis = diagnose(ctx)
     limits = gateway_limits(
         traffic,
         healthy,
@@ -378,12 +379,11 @@ def build_variables(
         rps_floor=floors.rate_limit_rps or 1,
         connections_floor=floors.limit_connections or 1,
         gateway=gateway,
-        ceiling_kept=ceiling_for is None
-        or (bool(ceiling_for) and diagnosis.mechanism.value not in ceiling_for),
     )
     queue = math.ceil(limits.budget_rps * QUEUE_WAIT_S) if limits.budget_rps else 0
     spacing, load, spacing_basis = _spacing(ctx.signals, floors)
     crashed, healthy_restarts, order_basis = restart_plan(ctx)
+    diagnosis = diagnose(ctx)
     return {
         "mechanism": diagnosis.mechanism.value,
         "mechanism_evidence": diagnosis.evidence,
@@ -456,6 +456,7 @@ def _limit_variables(limits: GatewayLimits) -> dict[str, Any]:
         "aggregate_bound_rps": limits.bound_rps,
         "aggregate_bound_connections": limits.bound_connections,
         "rate_limit_basis": limits.basis,
+        "rate_limit_lacks": limits.lacks or NOTHING_LACKING,
     }
 
 
@@ -483,9 +484,7 @@ def plan(
     Raises RunbookError (from rendering) naming the step and param that failed.
     """
     floors = _merge_floors(runbook.floors())
-    ceilings = [s for s in runbook.steps if s.action is Action.LOWER_BATCH_CEILING]
-    ceiling_for = tuple(ceilings[0].when or ()) if ceilings else None
-    variables = build_variables(ctx, floors=floors, gateway=gateway, ceiling_for=ceiling_for)
+    variables = build_variables(ctx, floors=floors, gateway=gateway)
     return [
         PlannedStep(
             position=position,

@@ -15,6 +15,9 @@ IP and controller replica**: they are sized from the clients seen in the access 
 (clients x controller replicas), never under the runbook's floors), and the plan states the
 aggregate that setting actually bounds for those clients (``aggregate_bound_rps``), which is
 more than the budget whenever the floor of 1 per client is what it gets.
+With no load-balancer line of the workload before the last victim the budget is unknown: the
+step is not sized (``lacks`` says what it needs), and no floor stands in for the budget; the
+step machine does not act on such a plan (``detector.runbooks.transitions``).
 Sources: https://nginx.org/en/docs/http/ngx_http_limit_req_module.html ,
 https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/annotations/#rate-limiting
 , https://gateway.envoyproxy.io/docs/tasks/traffic/local-rate-limit/ ,
@@ -157,7 +160,8 @@ class GatewayLimits:
     ``per_client_connections``: ingress-nginx's ``limit-rps`` / ``limit-connections`` (per
     client IP and controller replica, floors applied); ``bound_rps`` / ``bound_connections``:
     the aggregate those per-client values allow for the clients and controller replicas seen;
-    ``basis``: all of it in words.
+    ``basis``: all of it in words; ``lacks``: what the sizing lacks ("" when sized): with the
+    budget unknown the rate values are only the floors, which the step must not apply.
     """
 
     budget_rps: float | None
@@ -168,6 +172,7 @@ class GatewayLimits:
     bound_rps: int
     bound_connections: int
     basis: str
+    lacks: str = ""
 
 
 def gateway_limits(
@@ -179,42 +184,28 @@ def gateway_limits(
     rps_floor: int = 1,
     connections_floor: int = 1,
     gateway: str | None = None,
-    ceiling_kept: bool = False,
 ) -> GatewayLimits:
     """Size the 429 step for ``traffic`` with ``healthy`` of ``seen`` replicas serving.
 
     With every replica down the limits are sized for the first one back. The floors bound the
     per-client values (the ``limit_rps`` / ``limit_connections`` params the step machine checks);
-    the aggregate limit is the budget itself, at least 1 request per minute. The concurrency
-    is what the serving replicas admit: their proposed ceiling, or with ``ceiling_kept`` (the
-    mechanism is one the ceiling step does not answer, so it stays) the ceiling in force: a
-    paged engine queues what is over it itself, and capping connections at the lowered
-    ceiling's full-length fit (14 on a 32k-context vLLM) refused most requests of a service
-    whose answers take seconds.
+    the aggregate limit is the budget itself, at least 1 request per minute.
     """
     serving = max(healthy, 1)
-    per_replica = ceiling.current or ceiling.assumed_current if ceiling_kept else ceiling.proposed
     connections, _ = connection_limit(
-        healthy, per_replica, param=ceiling.param, floor=connections_floor
+        healthy, ceiling.proposed, param=ceiling.param, floor=connections_floor
     )
-    kept = " (in force: the ceiling step does not answer this mechanism)" if ceiling_kept else ""
-    conn_basis = f"serving {serving} x {ceiling.param} {per_replica}{kept} = {connections}"
+    conn_basis = f"serving {serving} x {ceiling.param} {ceiling.proposed} = {connections}"
     if traffic.requests == 0 or seen == 0:
-        budget, rpm = None, 60 * rps_floor
-        budget_basis = (
-            f"no load-balancer lines in the {traffic.window_s:g} s before the last victim: "
-            f"request budget unknown, the aggregate limit set to the floor {rps_floor}/s = "
-            f"{rpm}/min - check the gateway's request rate before approving"
-        )
-    else:
-        ok_rate = traffic.ok / traffic.window_s
-        budget = round(ok_rate * serving / seen, 3)
-        rpm = max(1, math.floor(budget * 60))
-        budget_basis = (
-            f"ok rate {ok_rate:.3g}/s over {traffic.window_s:g} s before the last victim x "
-            f"serving {serving} (healthy {healthy}, at least the first one back) / seen {seen} "
-            f"= {budget:g}/s"
-        )
+        return _unsized(traffic, connections, conn_basis, rps_floor)
+    ok_rate = traffic.ok / traffic.window_s
+    budget = round(ok_rate * serving / seen, 3)
+    rpm = max(1, math.floor(budget * 60))
+    budget_basis = (
+        f"ok rate {ok_rate:.3g}/s over {traffic.window_s:g} s before the last victim x "
+        f"serving {serving} (healthy {healthy}, at least the first one back) / seen {seen} "
+        f"= {budget:g}/s"
+    )
     head = (
         f"aggregate budget (the healthy capacity left): {budget_basis}, and concurrency "
         f"{conn_basis}; an aggregate limiter enforces it: {rpm}/min = {rpm / 60:.3g}/s and "
@@ -222,7 +213,7 @@ def gateway_limits(
         "workload, Kong limit_by service; Envoy and Envoy Gateway local limits divided by their "
         "replicas)"
     )
-    per_client = _per_client(traffic, budget, rpm, connections, rps_floor, connections_floor)
+    per_client = _per_client(traffic, budget, connections, rps_floor, connections_floor)
     rps, conns, bound_rps, bound_conns, client_basis = per_client
     if gateway in AGGREGATE_GATEWAYS:
         basis = f"{head}; the configured gateway, {gateway}, enforces it for all clients"
@@ -243,16 +234,42 @@ def gateway_limits(
     )
 
 
+def _unsized(traffic: Traffic, connections: int, conn_basis: str, rps_floor: int) -> GatewayLimits:
+    """Return the limits of a step whose request budget is unknown: not sized, and saying
+    what it lacks. The rate values are the floors, for the record only."""
+    lacks = (
+        f"the request rate before the last victim: no load-balancer line of the workload in "
+        f"the {traffic.window_s:g} s before it (its gateway's access log or 5xx rates, "
+        "attributed to it by the upstream's pod IP, a workloads file entry or the upstream "
+        "name <namespace>-<service>-<port>)"
+    )
+    basis = (
+        f"aggregate budget (the healthy capacity left): unknown - it lacks {lacks}; not sized, "
+        f"so the step does not act, and no floor stands in for the budget (concurrency "
+        f"{conn_basis})"
+    )
+    return GatewayLimits(
+        budget_rps=None,
+        aggregate_rpm=60 * rps_floor,
+        aggregate_connections=connections,
+        per_client_rps=rps_floor,
+        per_client_connections=connections,
+        bound_rps=rps_floor,
+        bound_connections=connections,
+        basis=basis,
+        lacks=lacks,
+    )
+
+
 def _per_client(
     traffic: Traffic,
-    budget: float | None,
-    rpm: int,
+    rate: float,
     connections: int,
     rps_floor: int,
     connections_floor: int,
 ) -> tuple[int, int, int, int, str]:
-    """Return (per-client rps, connections, bound rps, bound connections, basis)."""
-    rate = budget if budget is not None else rpm / 60
+    """Return (per-client rps, connections, bound rps, bound connections, basis) for the
+    aggregate budget ``rate`` (requests per second)."""
     keys = (traffic.clients or 1) * max(traffic.proxies, 1)  # buckets that fill at once
     rps = max(rps_floor, math.floor(rate / keys))
     conns = max(connections_floor, connections // keys)

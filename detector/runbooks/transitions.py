@@ -9,6 +9,8 @@ keeps them idempotent), and asks again.
 A step's turn comes when it is the first, or the step before it failed (verification failed,
 denied, expired, failed to apply); a verified step ends the run (the later ones are not
 needed). Policy ``auto`` approves at once, ``approval`` waits for a person until it expires.
+A step whose plan says what its sizing lacks (the ``lacks`` param) is never approved nor
+applied: it waits for the input until ``evidence_until``, then passes its turn.
 Before every actuator call: the kill switch; before applies and restarts, the cap of actions
 per workload per hour; before an apply, the cooldown per workload and step and the floors.
 Staggered restarts: one pod per move, the next after the spacing (and warm-up after Ready).
@@ -278,6 +280,9 @@ def _turn(
             )
             return _t(step, Move.NOT_NEEDED, rec, now, why.rstrip("; "),
                       _to(StepState.NOT_NEEDED, "skipped"))  # fmt: skip
+    if step.lacks:  # not sized: never approved nor applied; it waits while the input may come
+        wait = _number(step.params.get("evidence_until"))
+        return None if wait is not None and now < wait else _not_sized(step, rec, now)
     if (withdrawn := _precondition_gone(step, cond)) is not None:
         update = _to(StepState.NOT_NEEDED, "not_needed")
         return _t(step, Move.NOT_NEEDED, rec, now, withdrawn, update)
@@ -288,6 +293,12 @@ def _turn(
         replan = dict(step.params) if step.action is Action.QUARANTINE_REQUESTS else None
         return _t(step, Move.AUTO_APPROVE, rec, now, "policy auto", update, replan=replan)
     return _request(step, rec, now, Move.REQUEST_APPROVAL, "asks")
+
+
+def _not_sized(step: PlannedStep, rec: StepRecord, now: float) -> Transition:
+    """Pass over a step whose plan lacks an input of its sizing, saying what it lacks."""
+    why = f"not sized, nothing applied: it lacks {step.lacks}; next step"
+    return _t(step, Move.NOT_NEEDED, rec, now, why, _to(StepState.NOT_NEEDED, "skipped"))
 
 
 def _request(step: PlannedStep, rec: StepRecord, now: float, move: Move, verb: str) -> Transition:
@@ -354,6 +365,8 @@ def plan_text(step: PlannedStep) -> str:
             f"{p.get('status_code', '413')} (mechanism {p.get('mechanism')}; "
             f"{p.get('refused_share_text', '')})"
         )
+    if lacks := step.lacks:
+        return f"not sized: it lacks {lacks}"
     if p.get("aggregate_budget_rps") is not None:  # the containment figure, for all clients
         return (
             f"shed load over the healthy capacity left: {p.get('aggregate_budget_rps')}/s and "

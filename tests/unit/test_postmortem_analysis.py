@@ -205,6 +205,18 @@ def test_action_items_carry_this_incidents_numbers_and_an_owner() -> None:
     assert {i["owner"] for i in items} == {"TBD"}
 
 
+def test_no_429_limit_is_advised_from_an_unknown_budget() -> None:
+    """A 429 step planned with no load-balancer line was not sized: its floor is no advice."""
+    frames = analysis.frames(incident(), pd.DataFrame(lb_series(falling())), 5.0)
+    doc = document()
+    keep = "Keep a 429 limit ready at the gateway"
+    known = analysis.analyse(incident(), doc, frames, TH)["action_items"]
+    assert any(i["title"].startswith(keep) for i in known)
+    doc["steps"][0]["params"] = {"aggregate_limit_rpm": 60, "aggregate_budget_rps": "unknown"}
+    unknown = analysis.analyse(incident(), doc, frames, TH)["action_items"]
+    assert not any(i["title"].startswith(keep) for i in unknown)
+
+
 def test_markdown_escapes_input_that_would_break_a_table_or_open_markup() -> None:
     evil = "a|b <script>x</script> `code` [l](javascript:1) \x1b[31m\nnext"
     out = md_text(evil)

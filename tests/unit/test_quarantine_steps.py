@@ -23,7 +23,14 @@ VLLM = Signal(SignalKind.ENGINE_CONFIG, T0 - 600, SourcePos("c", 1), "llm", "a",
               attrs={"engine": "vllm", "max_num_seqs": 256})  # fmt: skip
 
 
-def steps(*deaths: tuple[str, float, tuple[int, ...], bool]) -> dict[str, PlannedStep]:
+# the correlator's window summary of the gateway's lines: 8 ok/s before the last victim
+TRAFFIC = Signal(SignalKind.LB_RESPONSE, T0 - 1, SourcePos("lb", 1), "llm",
+                 attrs={"status": 200, "baseline_ok_rate_per_s": 8.0})  # fmt: skip
+
+
+def steps(
+    *deaths: tuple[str, float, tuple[int, ...], bool], traffic: bool = False
+) -> dict[str, PlannedStep]:
     ctx = IncidentContext(
         key="llm/m@1",
         namespace="llm",
@@ -33,7 +40,7 @@ def steps(*deaths: tuple[str, float, tuple[int, ...], bool]) -> dict[str, Planne
         opened_at=T0,
         victims=tuple(d[0] for d in deaths),
         pods_seen=("a", "b", "c", "d"),
-        signals=(VLLM,),
+        signals=(VLLM, TRAFFIC) if traffic else (VLLM,),
         requests=RequestEvidence(CHAT, tuple((p, T0 + at, s, ok) for p, at, s, ok in deaths)),
     )
     return {s.step_id: s for s in plan(RUNBOOK, ctx, dry_run=False)}
@@ -41,6 +48,7 @@ def steps(*deaths: tuple[str, float, tuple[int, ...], bool]) -> dict[str, Planne
 
 POISONED = steps(("a", 0, (POISON, 3000), True))
 LOADED = steps(("a", 0, (9000, 3000), True))
+SHEDDABLE = steps(("a", 0, (9000, 3000), True), traffic=True)  # the 429 step is sized
 UNKNOWN = steps(("a", 0, (), False))
 
 
@@ -102,16 +110,46 @@ def test_a_victim_that_held_the_class_does_not_fail_the_quarantine() -> None:
 
 def test_steps_for_other_mechanisms_are_passed_over() -> None:
     records: dict[str, StepRecord] = {}
-    t = next_transition(ordered(LOADED), records, cond(T0 + 30, LOADED, "cascading"))
+    now = cond(T0 + 30, SHEDDABLE, "cascading")
+    t = next_transition(ordered(SHEDDABLE), records, now)
     assert t is not None and t.move is Move.NOT_NEEDED
     assert t.record.outcome == "skipped" and "not for this mechanism: load" in t.reason
     records[t.step.step_id] = t.record
-    t = next_transition(ordered(LOADED), records, cond(T0 + 30, LOADED, "cascading"))
+    t = next_transition(ordered(SHEDDABLE), records, now)
     assert t is not None and t.step.step_id == "lower_batch_ceiling"  # vLLM pages: not load's
     assert t.move is Move.NOT_NEEDED
     records[t.step.step_id] = t.record
-    t = next_transition(ordered(LOADED), records, cond(T0 + 30, LOADED, "cascading"))
+    t = next_transition(ordered(SHEDDABLE), records, now)
     assert t is not None and (t.step.step_id, t.move) == ("enable_rate_limit", Move.AUTO_APPROVE)
+    assert SHEDDABLE["enable_rate_limit"].params["aggregate_budget_rps"] == "6.0"  # 8 x 3 / 4
+
+
+def test_a_429_step_with_no_traffic_is_not_sized_and_passes_its_turn() -> None:
+    """No load-balancer line before the last victim: the budget is unknown. The step is not
+    approved (auto or by a person) nor applied on a floor: it waits while the victims'
+    evidence may still come, then passes its turn to the restarts, saying what it lacks."""
+    passed = StepRecord(state=StepState.NOT_NEEDED.value, outcome="skipped", since=T0 + 1)
+    for plan_now in (LOADED, UNKNOWN):
+        rate = plan_now["enable_rate_limit"]
+        assert rate.params["aggregate_budget_rps"] == "unknown"
+        assert rate.lacks is not None and "no load-balancer line" in rate.lacks
+        for policy in ("auto", "approval"):  # a person is not asked to approve a floor either
+            gated = {**plan_now, "enable_rate_limit": replace(rate, policy=policy)}
+            records = {"quarantine_requests": passed, "lower_batch_ceiling": passed}
+            until = rate.params["evidence_until"]
+            if until:  # undetermined: the victims' requests (and lines) are due until then
+                assert next_transition(ordered(gated), records, cond(T0 + 5, gated)) is None
+            t = next_transition(ordered(gated), records, cond(T0 + 30, gated))
+            assert t is not None and (t.step.step_id, t.move) == (
+                "enable_rate_limit",
+                Move.NOT_NEEDED,
+            )
+            assert t.record.outcome == "skipped" and t.params is None
+            assert t.reason.startswith("not sized, nothing applied: it lacks the request rate")
+            records["enable_rate_limit"] = t.record
+            t = next_transition(ordered(gated), records, cond(T0 + 30, gated))
+            assert t is not None and t.step.step_id == "stagger_restarts"
+            assert t.move is Move.REQUEST_APPROVAL
 
 
 def test_a_step_for_one_mechanism_waits_for_the_evidence_then_goes_on() -> None:

@@ -541,10 +541,14 @@ SIZING: list[tuple[str, tuple[Signal, ...], dict[str, Any], tuple[str, ...]]] = 
         ("at most 4 clients x 2 controller replicas x 1 r/s = 8/s against a budget of 0.5/s",),
     ),
     (
-        "no load-balancer lines: the budget is unknown",
+        "no load-balancer lines: the budget is unknown, the step not sized",
         (VLLM_CONFIG, *OOMS),
-        {"aggregate_budget_rps": None, "aggregate_limit_rpm": 60, "rate_limit_rps": 1},
-        ("request budget unknown", "check the gateway's request rate before approving"),
+        {"aggregate_budget_rps": None, "queue_burst": 0},
+        (
+            "unknown - it lacks the request rate before the last victim: no load-balancer line "
+            "of the workload in the 60 s before it",
+            "not sized, so the step does not act, and no floor stands in for the budget",
+        ),
     ),
 ]
 
@@ -572,6 +576,9 @@ def test_rate_limit_sizing(
     assert params["aggregate_bound_rps"] == str(built["aggregate_bound_rps"])
     budget = built["aggregate_budget_rps"]
     assert params["aggregate_budget_rps"] == (str(budget) if budget is not None else "unknown")
+    # a plan with no budget says what it lacks; a sized one lacks nothing
+    assert (step.lacks is None) == (budget is not None) == (params["lacks"] == "nothing")
+    assert step.lacks is None or "request rate before the last victim" in step.lacks
 
 
 def test_the_per_client_figure_is_never_the_containment_figure(runbook: Runbook) -> None:
@@ -640,9 +647,8 @@ def test_capped_clients_are_a_lower_bound() -> None:
 def test_the_429_plan_speaks_of_the_configured_gateway(
     runbook: Runbook, gateway: str | None, says: str, never: str
 ) -> None:
-    step = {p.step_id: p for p in plan(runbook, incident(*OOMS), gateway=gateway)}[
-        "enable_rate_limit"
-    ]
+    ctx = incident(*OOMS, *TRAFFIC)  # a sized step: with no traffic it is not sized at all
+    step = {p.step_id: p for p in plan(runbook, ctx, gateway=gateway)}["enable_rate_limit"]
     assert says in step.params["basis"] and never not in step.params["basis"]
     ingress = gateway in (None, "ingress-nginx")
     assert step.params["annotations"].startswith("{") == ingress
