@@ -1,18 +1,20 @@
 """Recognize a record's format from its content and turn it into Signals.
 
 JSON objects are told apart by their keys after one ``json.loads``: Fluent Bit (``log`` +
-``kubernetes``), Docker json-file and other metadata-less ``log`` records, Vector (``message`` +
-``kubernetes``), prometheus-kafka-adapter (``name``/``value``/``labels``), Vector metric events
-(``name``/``kind`` + ``gauge``/``counter``..., or ``native_json``'s ``metric``), Kubernetes Events
-(``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or metadata/spec/status), lists
-(``kind: *List`` with ``items``, or a JSON array) and the envelopes of event shippers
-(eventrouter ``event``, OpenTelemetry ``body``, watch ``object``). Text lines are CRI log lines,
-bare ingress-nginx (and other load-balancer) access lines, nvidia-smi CSV rows, Prometheus
-exposition lines, ``kubectl logs --prefix`` lines, and, when the caller gives their identity,
-plain log lines. Multi-line text records (whole files from the reader) may be a pasted
-``kubectl describe pod`` / ``get pods`` / ``get pod -o yaml`` output or an ``nvidia-smi``
-table. The file name never decides the format; CRI and Docker files carry their pod
-only in their path, which ``SourcePos.origin`` holds.
+``kubernetes``; without ``log``, its line renamed to ``message`` or merged into the record by
+the kubernetes filter's Merge_Log), Docker json-file and other metadata-less ``log`` records,
+Vector (``message`` + ``kubernetes``), bare load-balancer JSON lines (GCP, Envoy, ingress-nginx
+JSON ``log-format-upstream``), prometheus-kafka-adapter (``name``/``value``/``labels``),
+Vector metric events (``name``/``kind`` + ``gauge``/``counter``..., or ``native_json``'s
+``metric``), Kubernetes Events (``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or
+metadata/spec/status), lists (``kind: *List`` with ``items``, or a JSON array) and the
+envelopes of event shippers (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``).
+Text lines are CRI log lines, bare ingress-nginx (and other load-balancer) access lines,
+nvidia-smi CSV rows, Prometheus exposition lines, ``kubectl logs --prefix`` lines, and, when
+the caller gives their identity, plain log lines. Multi-line text records (whole files from
+the reader) may be a pasted ``kubectl describe pod`` / ``get pods`` / ``get pod -o yaml``
+output or an ``nvidia-smi`` table. The file name never decides the format; CRI and Docker
+files carry their pod only in their path, which ``SourcePos.origin`` holds.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ from typing import Any
 from detector.errors import ParseError
 from detector.events.container_log import signals_from_log_line
 from detector.events.model import LogLine, Signal, SourcePos
-from detector.events.sources import ingress_nginx, lb_access, vector_metric
+from detector.events.sources import ingress_nginx, ingress_nginx_json, lb_access, vector_metric
 from detector.events.sources.cri import parse_cri_line
 from detector.events.sources.dcgm import signals_from_exposition_line
 from detector.events.sources.docker_json import parse_docker_record
 from detector.events.sources.endpointslice import signals_from_endpointslice
-from detector.events.sources.fluentbit import parse_fluentbit_record
+from detector.events.sources.fluentbit import (
+    fluentbit_line,
+    json_line,
+    merged_log,
+    parse_fluentbit_record,
+)
 from detector.events.sources.k8s_event import signals_from_event
 from detector.events.sources.k8s_pod import signals_from_pod
 from detector.events.sources.kubectl_text import is_kubectl_text, signals_from_kubectl_text
@@ -171,7 +178,10 @@ def _from_json_text(
                 return signals
             if stripped[1:2] not in _JSON_ARRAY_STARTS:  # "[04:40:55 TP0] ...": text, not JSON
                 raise ParseError("unknown_format", f"bracketed {PLAIN_TEXT_HINT}") from None
-        raise ParseError("malformed_json", str(exc)[:200]) from None
+        # an ingress-nginx JSON access line with a $variable unquoted: read field by field
+        obj = ingress_nginx_json.decode_line(stripped) if stripped[0] == "{" else None
+        if obj is None:
+            raise ParseError("malformed_json", str(exc)[:200]) from None
     try:
         if type(obj) is dict:  # what _from_json does first, without its call
             signals = _from_object(obj, source, default_time, identity, 0)
@@ -313,11 +323,16 @@ def _check_unicode(signals: list[Signal]) -> None:
 def signals_from_log(line: LogLine, source: SourcePos) -> list[Signal]:
     """Return the signals of one container log line.
 
-    An ingress-nginx access line gives LB_RESPONSE; a Kubernetes Event printed by an event
-    exporter's stdout sink gives its event signal; any other line goes to
-    ``detector.events.container_log`` (GPU OOM, engine dead, engine config/pressure).
+    An ingress-nginx access line (the text format, or a JSON ``log-format-upstream``) gives
+    LB_RESPONSE; a Kubernetes Event printed by an event exporter's stdout sink gives its event
+    signal; any other line goes to ``detector.events.container_log`` (GPU OOM, engine dead,
+    engine config/pressure). Raises ``ParseError`` for an access line of a known format that
+    cannot be read (``ingress_nginx_json``, ``lb_envoy``).
     """
-    sig = ingress_nginx.signal_from_access_line(line, source)
+    if line.text[:1] == "{":  # JSON: never the text format; cheap key tests before decoding
+        sig = ingress_nginx_json.signal_from_access_line(line, source)
+    else:
+        sig = ingress_nginx.signal_from_access_line(line, source)
     if sig is None:
         sig = lb_access.signal_from_lb_line(line, source)
     if sig is not None:
@@ -365,12 +380,13 @@ def _from_object(
             return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
         line = parse_docker_record(obj, source.origin, default_time=default_time)
         return signals_from_log(_fallback(line, identity), source)
-    if "message" in obj:
-        k8s = obj.get("kubernetes")
-        if isinstance(k8s, dict) and "namespace_name" in k8s:  # Fluent Bit, log renamed
-            return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
-        if isinstance(k8s, dict) or obj.get("source_type") == "kubernetes_logs":
-            return signals_from_log(parse_vector_event(obj, default_time=default_time), source)
+    k8s = obj.get("kubernetes")
+    if isinstance(k8s, dict) and "namespace_name" in k8s:  # Fluent Bit: log renamed or merged
+        return _from_fluentbit(obj, source, default_time)
+    if "message" in obj and (
+        isinstance(k8s, dict) or obj.get("source_type") == "kubernetes_logs"
+    ):  # Vector's kubernetes_logs
+        return signals_from_log(parse_vector_event(obj, default_time=default_time), source)
     if ("labels" in obj and "value" in obj) or ("__name__" in obj and "__value__" in obj):
         return signals_from_adapter_sample(obj, source)
     if vector_metric.is_vector_metric(obj):
@@ -394,7 +410,42 @@ def _from_object(
     if inner is not None and depth < _MAX_NESTING:
         return _from_object(inner, source, default_time, identity, depth + 1)
     keys = ", ".join(str(k)[:40] for k in list(obj)[:8])
-    raise ParseError("unknown_format", f"JSON object with keys: {keys}")
+    raise ParseError("unknown_format", f"JSON object with keys: {keys}{_shipper_hint(obj)}")
+
+
+def _from_fluentbit(
+    obj: dict[str, Any], source: SourcePos, default_time: float | None
+) -> list[Signal]:
+    """Read a Fluent Bit record without a ``log`` key: renamed to ``message``, or a JSON line
+    merged into the record by Merge_Log (Keep_Log Off), read as if ``log`` held it.
+
+    A merged access line is read from the object itself (no second decode). A top-level merge
+    keeps the line's own ``message`` beside its other fields: the message is read first (an
+    application's JSON log), then the whole object (an exported Event, a proxy's JSON line).
+    Format: https://docs.fluentbit.io/manual/pipeline/filters/kubernetes
+    """
+    merged = merged_log(obj)
+    if merged is None:  # the line renamed to message; without one, a dead letter saying why
+        return signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
+    line = fluentbit_line(obj, json_line(merged), default_time=default_time)
+    sig = ingress_nginx_json.signal_from_access_object(line, merged, source)
+    if sig is not None:
+        return [sig]
+    if type(obj.get("message")) is str:
+        signals = signals_from_log(parse_fluentbit_record(obj, default_time=default_time), source)
+        if signals:
+            return signals
+    return signals_from_log(line, source)
+
+
+def _shipper_hint(obj: dict[str, Any]) -> str:
+    """Say how to keep the line of what looks like a shipper's record that lost it."""
+    if "log" in obj or not ("stream" in obj or "_p" in obj or "@timestamp" in obj):
+        return ""
+    return (
+        "; a Fluent Bit record whose log line was merged away? Keep it: Keep_Log On in the "
+        "kubernetes filter, Preserve_Key On in a parser filter"
+    )
 
 
 def _envelope(obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -209,12 +209,17 @@ def test_ingress_nginx_corpus_lines(row: dict[str, Any]) -> None:
 
     error_log upstream failures carry ``error_log=True`` (the access line of the same request
     names the upstream; the error line only its address); limit_req rejections are 429 with
-    ``rate_limited=True`` whatever status the client got. Two rows are knowingly not counted: a
-    paste fragment that starts mid-line (no request head, so no status of its own) and a custom
-    JSON log-format-upstream line cut off in the source (custom formats are not the
-    controller's default). All lb/ rows: tests/unit/test_sources_lb_corpus.py.
+    ``rate_limited=True`` whatever status the client got. A paste fragment that starts
+    mid-line (no request head, so no status of its own) is knowingly not counted; a JSON
+    log-format-upstream line cut off in the source is rejected, saying so (a dead letter, never
+    dropped in silence). All lb/ rows: tests/unit/test_sources_lb_corpus.py.
     """
     line = LogLine(time=SCRAPE, text=row["text"], namespace="ingress-nginx", pod="ctrl-0")
+    if row["expect"] == "lb_client_abort_with_upstream_5xx":  # the JSON line cut off
+        with pytest.raises(ParseError, match="cut off") as err:
+            signals_from_log(line, SourcePos("lb", 1))
+        assert err.value.reason == "malformed_json"
+        return
     lb = [s for s in signals_from_log(line, SourcePos("lb", 1)) if s.kind is SignalKind.LB_RESPONSE]
     if row["expect"] == "lb_5xx":
         (sig,) = lb

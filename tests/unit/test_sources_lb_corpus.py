@@ -23,7 +23,10 @@ UNREAD = {
     ("envoy_istio_access.jsonl", 3): "fields as shown by a log UI (key | value), no wire format",
     ("gcp_https_lb.jsonl", 2): "copied from the Logs Explorer UI: summary columns, pseudo-JSON",
     ("ingress_nginx_access.jsonl", 3): "paste fragment that starts mid-line (no request head)",
-    ("ingress_nginx_access.jsonl", 4): "custom JSON log-format-upstream cut off in the source",
+}
+# (file, row index) -> the reason a row is rejected with: a line of a known format cut off
+REJECTED = {
+    ("ingress_nginx_access.jsonl", 4): "malformed_json",  # JSON log-format-upstream, cut off
 }
 NO_STATUS = {"lb_tcp_connect_failure", "ambiguous"}  # HAProxy tcplog; a UI paste
 RATE_LIMITED = "lb_rate_limited_not_backend_failure"
@@ -61,6 +64,12 @@ def _lb_signals(text: str) -> list[Signal]:
     ("name", "index", "row"), _rows(), ids=[f"{n}:{i}:{r['expect']}" for n, i, r in _rows()]
 )
 def test_corpus_row(name: str, index: int, row: dict[str, Any]) -> None:
+    if (name, index) in REJECTED:  # never dropped in silence: a dead letter saying why
+        with pytest.raises(ParseError) as err:
+            _lb_signals(row["text"])
+        assert err.value.reason == REJECTED[name, index]
+        assert "cut off" in err.value.detail
+        return
     signals = _lb_signals(row["text"])
     statuses = [s.attrs["status"] for s in signals]
     if (name, index) in UNREAD or row["expect"] in NO_STATUS:

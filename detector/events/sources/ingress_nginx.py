@@ -107,16 +107,33 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
         attrs["request_time_s"] = float(request_time)
     if upstream and upstream != "-":
         attrs["upstream"] = upstream
-    if not rest:
-        return
-    # "a, b : c" lists -> "a,b,c" so that the fields split on single spaces.
-    fields = rest.replace(", ", ",").replace(" : ", ",").split()
-    addrs = _list(fields[0])
+    if rest:
+        fields = _flat(rest).split()  # "a, b : c" lists -> "a,b,c": fields split on spaces
+        _tries(attrs, fields[0], fields[3] if len(fields) >= 4 else None)
+
+
+def upstream_tries(attrs: dict[str, Any], addrs: str | None, statuses: str | None) -> None:
+    """Fill upstream_addr and upstream_status (the last try) from ``$upstream_addr`` and
+    ``$upstream_status`` as nginx writes them ("a, b : c" after retries; "-" or None: not
+    set), and upstream_addrs / upstream_statuses (tuples) after retries. A None status
+    field (not logged) leaves the status and the lists out.
+    """
+    _tries(attrs, _flat(addrs or "-"), _flat(statuses) if statuses is not None else None)
+
+
+def _flat(field: str) -> str:
+    """Join nginx's upstream lists with single commas: "a, b : c" -> "a,b,c"."""
+    if ", " not in field and " : " not in field:  # one try, the common case
+        return field
+    return field.replace(", ", ",").replace(" : ", ",")
+
+
+def _tries(attrs: dict[str, Any], addrs_field: str, tries: str | None) -> None:
+    addrs = _list(addrs_field)
     if addrs:
         attrs["upstream_addr"] = addrs[-1]
-    if len(fields) < 4:
+    if tries is None:
         return
-    tries = fields[3]
     statuses = [_status(s) for s in tries.split(",")] if "," in tries else [_status(tries)]
     attrs["upstream_status"] = statuses[-1]
     if len(addrs) > 1 or len(statuses) > 1:

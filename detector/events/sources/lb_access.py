@@ -11,11 +11,11 @@ string tests (these functions run on every container log line):
 - ``http``/``https``/``h2``/``grpcs``/``ws``/``wss``: AWS ALB access-log entry;
 - a syslog header (``Feb  6 ...``, ``<134>``, ``haproxy[pid]:``): HAProxy HTTP log;
 
-JSON records (GCP load-balancer log entries, Envoy JSON) come decoded through
-``signals_from_lb_json``; the Prometheus request counters are metric samples, read by ``dcgm``
-and ``prom_kafka_adapter`` and mapped by ``lb_prometheus``. Format modules: ``lb_envoy``,
-``lb_alb``, ``lb_gcp``, ``lb_haproxy``, ``lb_nginx_error``; upstream naming
-rules: ``lb_common``.
+JSON records (GCP load-balancer log entries, Envoy JSON, bare ingress-nginx JSON access lines)
+come decoded through ``signals_from_lb_json``; the Prometheus request counters are metric
+samples, read by ``dcgm`` and ``prom_kafka_adapter`` and mapped by ``lb_prometheus``. Format
+modules: ``lb_envoy``, ``lb_alb``, ``lb_gcp``, ``lb_haproxy``, ``lb_nginx_error``,
+``ingress_nginx_json``; upstream naming rules: ``lb_common``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from detector.events.model import LogLine, Signal, SignalKind, SourcePos
 from detector.events.sources import (
+    ingress_nginx_json,
     lb_alb,
     lb_envoy,
     lb_gcp,
@@ -121,18 +122,21 @@ def signals_from_lb_json(
     """Return the signals of a JSON load-balancer record, or None if it is not one.
 
     Reads GCP load-balancer log entries (``httpRequest`` + ``resource``), Envoy/Istio JSON
-    access logs (``response_code`` + ``response_flags``/``upstream_cluster``); Prometheus LB
-    counters are read with the other metric samples (``dcgm``, ``prom_kafka_adapter``).
-    Raises ``ParseError`` (``missing_timestamp``, ``bad_timestamp``, ``bad_value``,
-    ``missing_field``) for a record of these formats with a bad or missing field. Formats:
-    https://cloud.google.com/load-balancing/docs/https/https-logging-monitoring
+    access logs (``response_code`` + ``response_flags``/``upstream_cluster``) and ingress-nginx
+    JSON access lines (a status and keys named after nginx variables: ``ingress_nginx_json``);
+    Prometheus LB counters are read with the other metric samples (``dcgm``,
+    ``prom_kafka_adapter``). Raises ``ParseError`` (``missing_timestamp``, ``bad_timestamp``,
+    ``bad_value``, ``missing_field``) for a record of these formats with a bad or missing
+    field. Formats:
+    https://cloud.google.com/load-balancing/docs/https/https-logging-monitoring ,
+    https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/configmap/#log-format-upstream
     """
-    if "httpRequest" in obj or "http_request" in obj:
-        parsed = lb_gcp.parse_entry(obj)
+    if "httpRequest" in obj or "http_request" in obj:  # a GCP entry, or nginx's own httpRequest
+        parsed = lb_gcp.parse_entry(obj) or ingress_nginx_json.parse_object(obj)
     elif "response_code" in obj or "responseCode" in obj:
         parsed = lb_envoy.parse_json(obj)
     else:
-        return None
+        parsed = ingress_nginx_json.parse_object(obj)
     if parsed is None:
         return None
     text = _json_text(obj)
