@@ -34,6 +34,7 @@ from detector.stream.consumer import Committed, Partition, Record
 from detector.stream.metrics import LoopMetrics
 from detector.stream.producer import Headers
 from detector.stream.reorder import ReorderBuffer
+from detector.textsafe import printable
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class StreamLoop:
         except Exception as exc:
             savepoint.rollback()
             self._session.execute(text("SELECT 1"))  # raises when the store is down
-            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            why = printable(f"{type(exc).__name__}: {str(exc)[:200]}", one_line=True)
             self._isolated[_record_id(record)] = why
             raise Isolated(
                 f"topic={record.topic} partition={record.partition} offset={record.offset} "
