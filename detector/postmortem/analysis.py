@@ -42,6 +42,8 @@ KEY_STEP_EVENTS = frozenset(
      "escalated", "rolled_back", "lifted", "removed", "withdrawn", "approval_requested"}
 )  # fmt: skip
 APPROVALS = ("auto_approved", "approved")
+DECISIONS = ("approved", "denied")  # a person's decision on a step (``auto_approved``: policy)
+UNVERIFIED = frozenset({"withdrawn", "not_needed", "denied", "expired"})  # ended without a check
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ def _step_entries(f: Frames) -> pd.DataFrame:
     t = f.timeline[f.timeline["kind"] == "step"].copy()
     t["event"] = [(d or {}).get("event") for d in t["detail"]]
     t["position"] = [(d or {}).get("position") for d in t["detail"]]
+    t["actor"] = [str((d or {}).get("actor") or "") for d in t["detail"]]
     return t[t["event"].notna()]
 
 
@@ -208,14 +211,15 @@ def impact(f: Frames, th: Thresholds, resolved_at: pd.Timestamp | None = None) -
 
 
 def detection(f: Frames) -> list[dict[str, Any]]:
-    """Return first OOM -> suspected -> cascading -> notification -> action -> approval.
+    """Return first OOM -> suspected -> cascading -> notification -> action -> a person's
+    decision (an approval or a denial by someone, never a policy's automatic approval).
 
     Each milestone has its time (None when it did not happen or is not in the timeline),
     ``delay_s`` from the first OOM and ``since_previous_s`` from the milestone before it.
     """
     stages, steps = stage_times(f), _step_entries(f)
     actions = steps[steps["event"].isin(("applied", "restarted"))]
-    approvals = steps[steps["event"].isin(APPROVALS)]
+    decided = steps[steps["event"].isin(DECISIONS) & ~steps["actor"].str.startswith("policy:")]
     notes = f.timeline[f.timeline["kind"] == "notification"]
     found: list[tuple[str, pd.Timestamp | None, str]] = [
         ("first GPU OOM", first_oom(f), "the first victim's OOM"),
@@ -227,7 +231,11 @@ def detection(f: Frames) -> list[dict[str, Any]]:
             "not in the timeline: Slack sends are kept in the outbox",
         ),
         ("first action", actions["time"].iloc[0] if len(actions) else None, "step applied"),
-        ("first approval", approvals["time"].iloc[0] if len(approvals) else None, "step approved"),
+        (
+            "first human decision",
+            decided["time"].iloc[0] if len(decided) else None,
+            "no person approved or denied a step (policy approvals are not decisions)",
+        ),
     ]
     start, prev, out = found[0][1], None, []
     for name, when, note in found:
@@ -509,7 +517,9 @@ def steps(f: Frames, document: Mapping[str, Any], th: Thresholds) -> list[dict[s
                 "at": approval.get("decided_at"),
             },
             "applied_at": iso(at),
-            "verification": (s.get("verification") or {}).get("result"),
+            "verification": None
+            if s.get("state") in UNVERIFIED
+            else (s.get("verification") or {}).get("result"),
         }
         if at is None:
             why = s.get("reason") or f"state {s.get('state')}"

@@ -161,6 +161,29 @@ def test_a_step_never_applied_has_no_measurement() -> None:
     assert step["measured"] is None and step["effect"] == "never applied: nothing to do"
 
 
+def test_a_withdrawn_step_shows_no_verification() -> None:
+    """A withdrawn dry-run step read "verification: passed"."""
+    frames = analysis.frames(incident(), pd.DataFrame(lb_series(falling())), 5.0)
+    withdrawn = document()["steps"][0] | {
+        "state": "withdrawn",
+        "verification": {"result": "passed"},
+    }
+    (step,) = analysis.steps(frames, document() | {"steps": [withdrawn]}, TH)
+    assert step["verification"] is None
+
+
+def test_a_policy_approval_is_no_human_decision() -> None:
+    """The first approval shown was the automatic policy's, not a person's."""
+    inc = incident()
+    for t in inc["timeline"]:
+        if (t.get("detail") or {}).get("event") == "approved":
+            t["detail"] = t["detail"] | {"actor": "policy:auto"}
+    frames = analysis.frames(inc, pd.DataFrame(lb_series(falling())), 5.0)
+    found = {d["milestone"]: d for d in analysis.detection(frames)}
+    assert found["first human decision"]["time"] is None
+    assert "policy approvals are not decisions" in found["first human decision"]["note"]
+
+
 def test_impact_counts_degraded_down_failed_shed_and_the_peak() -> None:
     lb = [(0, 10, 0, 0), (5, 10, 1, 0), (10, 10, 5, 0), (15, 8, 8, 0), (20, 6, 4, 2),
           (25, 0, 0, 0), (35, 10, 0, 0)]  # fmt: skip
@@ -179,7 +202,7 @@ def test_detection_delays_from_the_first_oom() -> None:
     found = {d["milestone"]: d for d in build(falling())["detection"]}
     assert found["suspected"]["delay_s"] == 0.0
     assert found["cascading"]["delay_s"] == 31.0
-    assert found["first approval"]["delay_s"] == 89.0
+    assert found["first human decision"]["delay_s"] == 89.0
     assert found["first action"]["delay_s"] == 90.0
     assert found["first notification"]["time"] is None
 
