@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
 
 from detector import db
@@ -109,6 +110,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.web = ctx
     app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, pages.refused)
 
     @app.middleware("http")
     async def boundary(

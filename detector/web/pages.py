@@ -19,8 +19,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from detector.errors import PostmortemError, StoreError
 from detector.incidents import service
@@ -71,6 +73,29 @@ def _page(request: Request, name: str, status: int = 200, **values: Any) -> HTML
     values = {"dry_run": ctx.settings.dry_run} | values
     values |= {"who": who, "csrf": ctx.auth.csrf_token(who) if who else ""}
     return templates.TemplateResponse(request, name, values, status_code=status)
+
+
+# The paths whose refusals are answered as JSON (clients, not people): everything else is a page.
+_MACHINE_PATHS = ("/api/", "/slack/", "/healthz", "/readyz", "/static/")
+_HEADINGS = {401: "Log in first", 403: "Refused", 404: "Not found", 409: "Nothing changed",
+             413: "Too large", 503: "The incident store is unavailable"}  # fmt: skip
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """Answer an ``HTTPException`` on a page as a page (the status, the reason, a way back);
+    on the API, Slack and probe paths as FastAPI's JSON (``{"detail": ...}``)."""
+    assert isinstance(exc, StarletteHTTPException)
+    if request.url.path.startswith(_MACHINE_PATHS):
+        return await http_exception_handler(request, exc)
+    status = exc.status_code
+    detail = printable(str(exc.detail), one_line=True)
+    back = request.url.path.split("/steps/", 1)[0] if "/steps/" in request.url.path else "/"
+    values = {"status": status, "heading": _HEADINGS.get(status, f"Error {status}"),
+              "detail": detail, "back": back}  # fmt: skip
+    try:
+        return _page(request, "refused.html", status, **values)
+    except Exception:  # an answer whatever state the session is in
+        return templates.TemplateResponse(request, "refused.html", values, status_code=status)
 
 
 def _reader(request: Request) -> RedirectResponse | None:

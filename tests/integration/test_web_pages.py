@@ -235,6 +235,13 @@ def test_the_kill_switch_and_arming_from_the_page_keep_their_history(
         assert eve_csrf
         refused = web.post("/controls/kill-switch-on", data={"csrf": eve_csrf[1]})
         assert refused.status_code == 403  # logged in, but not an approver
+        # a page, not a bare JSON body: the reason, escaped, and a way back
+        assert refused.headers["content-type"].startswith("text/html")
+        assert (
+            "not on the approver allow-list" in refused.text and "<h1>Refused</h1>" in refused.text
+        )
+        assert web.get("/incidents/424242").headers["content-type"].startswith("text/html")
+        assert web.get("/api/incidents/424242").json() == {"detail": "no such incident"}
     with serving(_settings(url)) as base, httpx.Client(base_url=base) as web:
         login(web, TOKEN)
         confirm = web.get("/controls/kill-switch-on").text
