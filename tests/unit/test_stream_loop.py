@@ -93,6 +93,16 @@ def records(topic: str, path: Path, limit: int) -> list[Record]:
     return out
 
 
+def _dead_letters(url: str) -> list[Any]:
+    """Return the dead letters stored at ``url``."""
+    engine = db.make_engine(url)
+    try:
+        with db.session_factory(engine)() as session:
+            return list(service.list_dead_letters(session=session))
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture
 def loop_parts(sqlite_url: str) -> Iterator[tuple[Settings, StreamLoop, FakeSink]]:
     db.upgrade(sqlite_url)
@@ -147,12 +157,7 @@ def test_dead_letters_are_stored_with_their_kafka_position(
     _, loop, _ = loop_parts
     loop.attach(FakeSource([[Record("logs", 3, 41, 1741942800000, None, b"\xff\xfe")]]))
     loop.step()
-    engine = db.make_engine(sqlite_url)
-    try:
-        with db.session_factory(engine)() as session:
-            (row,) = service.list_dead_letters(session=session)
-    finally:
-        engine.dispose()
+    (row,) = _dead_letters(sqlite_url)
     assert (row.source_origin, row.source_partition, row.source_position) == ("logs", 3, 41)
     assert row.reason == "not_utf8"
 
@@ -278,12 +283,7 @@ def test_a_record_that_breaks_its_batch_is_isolated_and_dead_lettered(
         bad.value,
         b"processing_failed",
     )
-    engine = db.make_engine(sqlite_url)
-    try:
-        with db.session_factory(engine)() as session:
-            (row,) = service.list_dead_letters(session=session)
-    finally:
-        engine.dispose()
+    (row,) = _dead_letters(sqlite_url)
     assert (row.source_position, row.reason) == (60, "processing_failed")
     assert "KeyError" in row.detail
     counts = loop.processor.counts  # the other 119 records were processed

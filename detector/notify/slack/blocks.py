@@ -141,10 +141,10 @@ def _now(now: StateNow) -> str:
     if now.endpoint_down:
         pods = f"🛑 *endpoint down:* all {len(now.seen)} pods seen are down"
     else:
-        down = f", {len(now.down)} down ({', '.join(code(p) for p in now.down[:4])}" + (
-            " …)" if len(now.down) > 4 else ")"
-        )
-        pods = f"*{now.serving} pods serving*" + (down if now.down else "")
+        pods = f"*{now.serving} pods serving*"
+        if now.down:
+            named = ", ".join(code(p) for p in now.down[:4]) + (" …" if len(now.down) > 4 else "")
+            pods += f", {len(now.down)} down ({named})"
     lines = [f"*Now:* {pods}"]
     lb = now.lb
     if lb is not None:
