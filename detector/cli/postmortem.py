@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -20,8 +20,10 @@ from detector import db
 from detector.cli.exits import interruptible
 from detector.cli.settings import cli_settings
 from detector.errors import DetectorError
-from detector.postmortem.export import Export, export_postmortem
 from detector.textsafe import printable
+
+if TYPE_CHECKING:
+    from detector.postmortem.export import Export
 
 
 class Format(StrEnum):
@@ -53,6 +55,9 @@ def postmortem_cmd(
     The same incident exports to the same bytes. For a "not this pattern" verdict it
     explains why it was not a GPU OOM cascade.
     """
+    # pandas and matplotlib: imported by this command only, never by `detector run`'s process
+    from detector.postmortem.export import export_postmortem
+
     try:
         settings = cli_settings(database_url, None)
         db.require_head(settings.database.url)

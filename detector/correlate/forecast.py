@@ -3,9 +3,8 @@
 Per pod, pressure (used/total: GPU memory or KV-cache usage, 0..1) is aligned to a regular grid
 of ``GRID_S`` seconds of event time (the highest reading of each bucket, empty buckets dropped,
 so a gap in the scrapes is no zero), and a robust linear trend is fitted on the buckets of the
-last ``window_s`` seconds: a Huber regression (scikit-learn ``HuberRegressor``,
-https://scikit-learn.org/stable/modules/linear_model.html#huber-regression), which one spike
-or one late scrape does not tilt as least squares would. A pod is at risk when its trend
+last ``window_s`` seconds: a Huber regression (``huber_trend``), which one spike or one late
+scrape does not tilt as least squares would. A pod is at risk when its trend
 rises by at least ``MIN_SLOPE_PER_S`` and its line crosses the ceiling within ``horizon_s``
 of ``now``; one whose latest bucket is already at or over its ceiling is at risk now (ETA 0).
 Flat or falling series, and pods with fewer than ``MIN_SAMPLES`` buckets in the window, are
@@ -20,10 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple
-
-if TYPE_CHECKING:  # annotations only: numpy comes with pandas, imported on the first forecast
-    import numpy as np
+from typing import Final, NamedTuple
 
 GRID_S: Final = 5.0  # seconds of event time per bucket (the correlator's series buckets too)
 FORECAST_EVERY_S: Final = 5.0  # the correlator fits at most this often per incident
@@ -33,6 +29,8 @@ MIN_SAMPLES: Final = 3
 MIN_SLOPE_PER_S: Final = 1e-4  # a rise slower than 0.6 % of the GPU per minute is flat
 REANNOUNCE_MIN_S: Final = 15.0  # an ETA that moved less than this is the same forecast
 REANNOUNCE_SHARE: Final = 0.5  # ... or less than this share of the ETA expected by now
+HUBER_K: Final = 1.345  # Huber's tuning constant: 95 % efficiency on Gaussian noise
+HUBER_ROUNDS: Final = 50  # reweighting rounds at most (a few dozen points converge in ~10)
 
 
 class PressureSample(NamedTuple):
@@ -89,43 +87,39 @@ def forecast(
     rows = [s for s in samples if now - window_s < s.time <= now and s.ratio >= s.floor]
     if len(rows) < MIN_SAMPLES:
         return []
-    # pandas and scikit-learn take about a second to import: imported here, on the first
-    # forecast (an open incident), so that `detector --help` and a record's path never pay it
-    import pandas as pd
-
-    frame = pd.DataFrame(rows, columns=list(PressureSample._fields))
-    frame["bucket"] = (frame["time"] // GRID_S) * GRID_S  # the start of its grid bucket
-    # the highest reading of each (pod, bucket); a bucket no scrape fell into has no row: a
-    # gap is no reading (a groupby on the grid: 4x cheaper than groupby().resample())
-    grid = frame.groupby(["pod", "bucket"], sort=True).agg(
-        ratio=("ratio", "max"), ceiling=("ceiling", "last")
-    )
-    # threadpoolctl comes with scikit-learn: a fit of a few dozen points gains nothing from
-    # BLAS threads, and on a small machine they contend (measured: 2.6 ms a fit on one thread,
-    # 25-100 ms with the default pool on 2 cores)
-    from threadpoolctl import threadpool_limits
-
     found = []
-    with threadpool_limits(limits=1):
-        for pod, buckets in grid.groupby(level="pod"):
-            times = buckets.index.get_level_values("bucket").to_numpy(dtype=float) - now
-            ratios = buckets["ratio"].to_numpy(dtype=float)
-            ceiling = float(buckets["ceiling"].iloc[-1])
-            risk = _at_risk(str(pod), times, ratios, ceiling, now, horizon_s)
-            if risk is not None:
-                found.append(risk)
+    for pod, buckets in _grid(rows).items():
+        times = [bucket - now for bucket in buckets]
+        ratios = [ratio for ratio, _ in buckets.values()]
+        ceiling = next(reversed(buckets.values()))[1]
+        risk = _at_risk(pod, times, ratios, ceiling, now, horizon_s)
+        if risk is not None:
+            found.append(risk)
     return sorted(found, key=lambda r: (r.eta_s, r.pod))
 
 
+def _grid(rows: list[PressureSample]) -> dict[str, dict[float, tuple[float, float]]]:
+    """Return pod -> bucket start (Unix seconds, oldest first) -> (the highest ratio, the
+    ceiling of the last reading) of the readings in each ``GRID_S`` bucket; a bucket no
+    reading fell into has no entry: a gap is no reading."""
+    grid: dict[str, dict[float, tuple[float, float]]] = {}
+    for row in rows:
+        buckets = grid.setdefault(row.pod, {})
+        bucket = (row.time // GRID_S) * GRID_S
+        held = buckets.get(bucket)
+        buckets[bucket] = (row.ratio if held is None else max(held[0], row.ratio), row.ceiling)
+    return {pod: dict(sorted(buckets.items())) for pod, buckets in sorted(grid.items())}
+
+
 def _at_risk(
-    pod: str, x: np.ndarray, y: np.ndarray, ceiling: float, now: float, horizon_s: float
+    pod: str, x: list[float], y: list[float], ceiling: float, now: float, horizon_s: float
 ) -> NextVictim | None:
     """Fit one pod's buckets (``x``: seconds from ``now``, ``y``: ratios, oldest first);
     return its forecast when it is at risk within ``horizon_s``."""
     if len(x) < MIN_SAMPLES:
         return None
-    slope, level = _trend(x, y)
-    latest = float(y[-1])
+    slope, level = huber_trend(x, y)
+    latest = y[-1]
     if latest >= ceiling:
         eta = 0.0  # at its ceiling now
     elif slope < MIN_SLOPE_PER_S:
@@ -137,25 +131,51 @@ def _at_risk(
     return NextVictim(pod, round(eta, 1), now, latest, ceiling, slope, len(x))
 
 
-def _trend(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Return the robust linear trend of ``y`` over ``x`` (seconds): (slope per s, level at 0).
+def huber_trend(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Return the robust linear trend of ``y`` over ``x``: (slope per unit of x, level at 0).
 
-    Huber's loss (scikit-learn ``HuberRegressor``, epsilon 1.35: squared for small residuals,
-    linear for large ones) keeps one spike or one late scrape from tilting the line; a solver
-    that does not converge falls back to least squares.
+    Huber's M-estimator (Huber 1964; ``HUBER_K`` = 1.345 standard deviations: squared loss
+    for small residuals, linear for large ones, so one spike or one late scrape does not tilt
+    the line as least squares would), fitted by iteratively reweighted least squares with the
+    scale re-estimated each round as MAD / 0.6745 (Holland & Welsch 1977; statsmodels' RLM
+    with ``HuberT`` and ``scale_est='mad'`` does the same). Starts from least squares; stops
+    when the line moves less than 1e-12 or after ``HUBER_ROUNDS`` rounds. Pure Python: a fit
+    of a few dozen points costs tens of microseconds and imports nothing.
+    ``x`` needs two distinct values; with fewer the slope is 0 and the level the mean of ``y``.
     """
-    import numpy as np
-    from sklearn.linear_model import HuberRegressor  # imported on the first forecast: above
+    weights = [1.0] * len(x)
+    slope, level = _weighted_line(x, y, weights)
+    for _ in range(HUBER_ROUNDS):
+        residuals = [yi - (level + slope * xi) for xi, yi in zip(x, y, strict=True)]
+        bound = HUBER_K * _median([abs(r) for r in residuals]) / 0.6745
+        weights = [1.0 if abs(r) <= bound else bound / abs(r) for r in residuals]
+        fitted = _weighted_line(x, y, weights)
+        moved = abs(fitted[0] - slope) + abs(fitted[1] - level)
+        slope, level = fitted
+        if moved < 1e-12:
+            break
+    return slope, level
 
-    if float(y.max() - y.min()) < 1e-9:
-        return 0.0, float(y[-1])  # constant: nothing to fit (and no solver converges on it)
-    minutes = x / 60.0  # slope and level of one order for the solver
-    try:
-        model = HuberRegressor(max_iter=1000).fit(minutes.reshape(-1, 1), y)
-    except ValueError:  # "HuberRegressor convergence failed": L-BFGS-B stopped abnormally
-        slope, level = np.polyfit(minutes, y, 1)
-        return float(slope) / 60.0, float(level)
-    return float(model.coef_[0]) / 60.0, float(model.intercept_)
+
+def _weighted_line(x: list[float], y: list[float], w: list[float]) -> tuple[float, float]:
+    """Return the weighted least-squares line (slope, level at x=0) through the points."""
+    total = sum(w)
+    if total <= 0.0:
+        return 0.0, sum(y) / len(y)
+    mx = sum(wi * xi for wi, xi in zip(w, x, strict=True)) / total
+    my = sum(wi * yi for wi, yi in zip(w, y, strict=True)) / total
+    sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x, strict=True))
+    if sxx <= 0.0:
+        return 0.0, my
+    sxy = sum(wi * (xi - mx) * (yi - my) for wi, xi, yi in zip(w, x, y, strict=True))
+    slope = sxy / sxx
+    return slope, my - slope * mx
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def to_announce(found: list[NextVictim], last: NextVictim | None) -> NextVictim | None:
@@ -182,14 +202,3 @@ def to_announce(found: list[NextVictim], last: NextVictim | None) -> NextVictim 
         return first
     halved = same.eta_s <= last.eta_s / 2 and last.eta_s - same.eta_s >= REANNOUNCE_MIN_S
     return same if abs(same.eta_s - expected) > margin or halved else None
-
-
-def preload() -> None:
-    """Import pandas and scikit-learn now (about a second), not on an incident's first forecast.
-
-    For a long-running process (``detector run``) at start: the first forecast comes when an
-    incident opens, when detection latency counts. Replays and tests need not call it.
-    """
-    import pandas  # noqa: F401
-    import sklearn.linear_model  # noqa: F401
-    import threadpoolctl  # noqa: F401

@@ -52,10 +52,17 @@ def environment() -> SandboxedEnvironment:
     return _ParamEnvironment(undefined=StrictUndefined, autoescape=False)
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> Template:
+    """Return the compiled template of ``source`` (cached: a runbook's templates are few and
+    fixed, and compiling one costs about a millisecond, on every plan of every incident)."""
+    return environment().from_string(source)
+
+
 def compile_param(step_id: str, name: str, source: str) -> Template:
     """Compile one parameter template; on bad syntax raise RunbookError naming step and param."""
     try:
-        return environment().from_string(source)
+        return _compiled(source)
     except TemplateSyntaxError as exc:
         raise RunbookError(
             f"step {step_id!r} param {name!r}: template syntax error at line {exc.lineno}: "

@@ -47,7 +47,6 @@ from detector.errors import ConfigError, ParseError
 from detector.events.model import SourcePos
 from detector.notify import flows as notify_flows
 from detector.pipeline import Parsed, Processor, parse_checked
-from detector.postmortem.export import export_postmortem
 from detector.report.listing import list_incidents
 from detector.report.read import load_verdicts
 from detector.runbooks.flows import DecisionKind, DecisionRequest
@@ -349,6 +348,8 @@ def _outcome(
 
 def _milestones(settings: Settings, key: str) -> dict[str, Any]:
     """Return the incident's stage and its detection milestones' delays from the postmortem."""
+    from detector.postmortem.export import export_postmortem  # pandas: not for `detector run`
+
     engine = db.make_engine(settings.database.url)
     try:
         with db.session_factory(engine)() as session:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from detector import db
 from detector.config import Settings, load_workload_map
-from detector.correlate import forecast
 from detector.correlate.identity import WorkloadResolver
 from detector.errors import ConfigError, ParseError
 from detector.events.detect import parse_record
@@ -34,7 +33,6 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     """
     kafka = settings.kafka
     db.upgrade(settings.database.url)
-    forecast.preload()  # not on the first incident's forecast: a second of imports
     engine = db.make_engine(settings.database.url)
     sink = KafkaSink(kafka.bootstrap_servers, bootstrap_timeout_ms=kafka.bootstrap_timeout_ms)
     make_session = db.session_factory(engine)

@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -222,8 +223,8 @@ class StreamLoop:
         """Update the loop's metrics after a committed batch."""
         m = self.metrics
         m.batch_seconds.observe(seconds)
-        for record in records:
-            m.consumed.labels(record.topic).inc()
+        for topic, count in Counter(record.topic for record in records).items():
+            m.consumed.labels(topic).inc(count)
         m.open_incidents.set(self.processor.correlator.open_incidents)
         m.held.set(len(self._held))
         m.set_lag(lag)
