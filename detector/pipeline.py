@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.config import Settings, SlackSettings, load_workload_map
 from detector.correlate.correlator import Correlator
-from detector.correlate.state import Decision
+from detector.correlate.state import Decision, IncidentOpened, StageChanged
 from detector.errors import ConfigError, ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init
@@ -188,7 +188,9 @@ class Processor:
     transaction. ``notify`` queues Slack's messages in the outbox when ``slack.enabled``.
 
     ``clock`` is the event time reached (the latest decision's); ``seen`` and ``verdicts``
-    are the keys of the incidents and verdicts written, in order, for the replay's result.
+    are the keys of the incidents and verdicts written, in order, for the replay's result;
+    ``staged`` says an incident opened or changed stage since the caller last cleared it
+    (the live loop then commits at once: the on-call waits for that row).
     """
 
     correlator: Correlator
@@ -200,6 +202,7 @@ class Processor:
     clock: float = 0.0
     seen: dict[str, None] = field(default_factory=dict)
     verdicts: dict[str, None] = field(default_factory=dict)
+    staged: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Processor:
@@ -243,6 +246,8 @@ class Processor:
         the touched incidents' series buckets that changed (charts, postmortem)."""
         for d in batch.decisions:
             self.clock = max(self.clock, decision_time(d))
+            if isinstance(d, IncidentOpened | StageChanged):
+                self.staged = True
             incident = self.recorder.record(d, session=session, contexts=self.correlator.context)
             if incident is None:
                 self.verdicts[d.dedupe_key] = None  # type: ignore[union-attr]

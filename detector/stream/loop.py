@@ -120,6 +120,9 @@ class StreamLoop:
         # records whose own processing failed: dead-lettered with the error, never re-processed
         self._isolated: dict[RecordId, str] = {}
         self._committed: dict[Partition, int] = {}  # what this process committed last
+        # released records not processed yet: a batch is cut after a record that opened an
+        # incident or changed its stage, so that row is committed without waiting for the rest
+        self._pending: list[Record] = []
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -152,23 +155,28 @@ class StreamLoop:
         self._session.close()
 
     def step(self) -> int:
-        """Poll, process and commit one batch; return how many records were polled.
+        """Poll, process and commit one batch; return how many records were polled (or taken
+        from the rest of a batch cut short: ``_process``).
 
         The polled records pass the reorder buffer (``detector.stream.reorder``) first; what
         it releases is processed in event-time order, and only offsets below every held record
         are committed. Raises StoreError/StreamError.
         """
         source = self.source
-        polled = source.poll(self._settings.kafka.poll_timeout_ms)
-        if polled and self._committed:
-            self._went_back(polled)
-        self._held.add(polled)
-        lag = source.lag()
-        # A partition not fetched yet has no known lag: it may hold the oldest records.
-        behind = [p for p in source.assignment() if lag.get(p, 1) > 0]
-        records = self._held.release(behind)
-        if not records:
-            return len(polled)
+        if self._pending:  # the rest of a batch cut short by a stage change: no poll yet
+            polled, records, self._pending = [], self._pending, []
+            lag = source.lag()
+        else:
+            polled = source.poll(self._settings.kafka.poll_timeout_ms)
+            if polled and self._committed:
+                self._went_back(polled)
+            self._held.add(polled)
+            lag = source.lag()
+            # A partition not fetched yet has no known lag: it may hold the oldest records.
+            behind = [p for p in source.assignment() if lag.get(p, 1) > 0]
+            records = self._held.release(behind)
+            if not records:
+                return len(polled)
         started = time.perf_counter()
         try:
             offsets = self._process(records)
@@ -176,7 +184,10 @@ class StreamLoop:
         except Exception:
             # the retry takes these one by one, to find a record that fails on its own
             self._suspects = {_record_id(r) for r in records} - self._isolated.keys()
+            self._pending = []
             raise
+        records = records[: len(records) - len(self._pending)]
+        polled = polled or records  # pending records count as polled: the loop is not idle
         self._suspects.clear()
         self._on_commit()
         self._backoff_s = 0.0  # the database took a batch: back to normal
@@ -244,6 +255,7 @@ class StreamLoop:
         ]
         self._rebuild_until.clear()
         self._held.clear()
+        self._pending = []
         self._done.clear()
         _warn_unless_copartitioned(partitions)
         if lost:
@@ -259,10 +271,13 @@ class StreamLoop:
             self._rebuild(partition, commits[partition])
 
     def _process(self, records: list[Record]) -> dict[Partition, Committed]:
+        """Process ``records`` up to the first one that opened an incident or changed its
+        stage (the rest go to ``_pending``); return the offsets to commit."""
         max_time = time.time() + MAX_FUTURE_S
         sent = 0
         touched: set[Partition] = set()
-        for record in records:  # in event-time order, as the reorder buffer released them
+        self.processor.staged = False
+        for index, record in enumerate(records):  # in event-time order, as released
             if self._suspects and _record_id(record) in self._suspects:
                 parsed, new = self._process_alone(record, max_time)
             else:
@@ -284,6 +299,9 @@ class StreamLoop:
             done = self._done.get(key)
             if done is None or record.offset > done.offset:
                 self._done[key] = record
+            if self.processor.staged:
+                self._pending = records[index + 1 :]
+                break
         if sent:
             self._sink.flush()
         return self._offsets(touched)
@@ -331,6 +349,10 @@ class StreamLoop:
         """Return the positions to commit: past what was processed, below every held record
         (records leave the buffer in time order, not offset order), never back into a rebuild."""
         held = self._held.first_held() if len(self._held) else {}
+        for record in self._pending:  # not processed yet: like held records
+            first = held.get((record.topic, record.partition))
+            if first is None or record.offset < first.offset:
+                held[(record.topic, record.partition)] = record
         offsets: dict[Partition, Committed] = {}
         for partition in touched:
             record = self._done[partition]

@@ -135,6 +135,30 @@ def test_a_batch_is_committed_per_partition_after_the_database(
     assert value == poison.value and dict(headers or [])["reason"] == b"malformed_json"
 
 
+def test_a_batch_is_committed_at_once_after_a_record_that_opens_an_incident(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], sqlite_url: str
+) -> None:
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 700)
+    opening = next(i for i, r in enumerate(logs) if b"CUDA out of memory" in r.value)
+    source = FakeSource([logs])
+    loop.attach(source)
+    assert loop.step() == 700
+    # the incident's row is committed with the records up to the one that opened it ...
+    first = Committed(opening + 1, f"ts={logs[opening].timestamp_ms}")
+    assert source.commits == [{("logs", 0): first}]
+    engine = db.make_engine(sqlite_url)
+    with db.session_factory(engine)() as session:
+        assert [i.stage for i in service.list_incidents(session=session)] == ["suspected"]
+    engine.dispose()
+    # ... and the rest of the batch goes next without a poll (the source has no batch left),
+    # cut again at the next stage change, until all of it is committed
+    taken = [loop.step() for _ in range(5)]
+    assert sum(taken) == 700 - opening - 1 and taken[-1] == 0
+    positions = [c[("logs", 0)].offset for c in source.commits]
+    assert positions == sorted(positions) and positions[-1] == 700
+
+
 def test_a_database_failure_commits_no_offsets(
     loop_parts: tuple[Settings, StreamLoop, FakeSink], monkeypatch: pytest.MonkeyPatch
 ) -> None:
