@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: demo live-demo test lint services bench bench-kafka bench-storm bench-outcome fuzz clean
+.PHONY: demo live-demo test lint services bench bench-kafka bench-storm bench-all bench-outcome fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench-kafka: $(STAMP)
 
 bench-storm: $(STAMP)
 	$(BIN)/python bench/bench_storm.py
+
+# make bench-all: every benchmark but bench-outcome; writes bench/RESULTS.md and README's table.
+bench-all: $(STAMP)
+	$(BIN)/python bench/bench_all.py
 
 bench-outcome: $(STAMP)
 	$(BIN)/python bench/bench_outcome.py

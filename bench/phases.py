@@ -54,8 +54,7 @@ def child(script: str, phase: str, folder: Path, extra: list[str] | None = None)
 
 def print_table(results: dict[str, dict[str, Any]], unit: str = "event") -> None:
     """Print ``unit``s/s, microseconds per ``unit``, peak RSS and the ratio to the baseline."""
-    base = results["baseline"]
-    base_rate = base["records"] / base["seconds"] if "error" not in base else None
+    base_rate = _rate(results["baseline"])
     print(
         f"{'phase':<9} {'records':>9} {'seconds':>8} {unit + 's/s':>11} {'us/' + unit:>9} "
         f"{'peak RSS':>10} {'x baseline':>10}"
@@ -64,14 +63,22 @@ def print_table(results: dict[str, dict[str, Any]], unit: str = "event") -> None
         if "error" in r:
             print(f"{phase:<9} failed: {r['error']}")
             continue
-        rate = r["records"] / r["seconds"]
-        ratio = f"{rate / base_rate:.2f}" if base_rate else "-"
+        rate = _rate(r)
+        ratio = f"{rate / base_rate:.2f}" if rate and base_rate else "-"
+        rate_us = f"{rate:>11,.0f} {1e6 / rate:>9.2f}" if rate else f"{'-':>11} {'-':>9}"
         print(
-            f"{phase:<9} {r['records']:>9,} {r['seconds']:>8.2f} {rate:>11,.0f} "
-            f"{1e6 / rate:>9.2f} {r['peak_rss_mib']:>7.0f} MiB {ratio:>10}"
+            f"{phase:<9} {r['records']:>9,} {r['seconds']:>8.2f} {rate_us} "
+            f"{r['peak_rss_mib']:>7.0f} MiB {ratio:>10}"
         )
         if r.get("note"):
             print(f"{'':<9} {r['note']}")
+
+
+def _rate(r: dict[str, Any]) -> float | None:
+    """Return records per second of a phase (None when it failed or timed no span)."""
+    if "error" in r or r["records"] <= 0 or r["seconds"] <= 0:
+        return None
+    return float(r["records"] / r["seconds"])
 
 
 def vm_mib(field: str = "VmRSS", pid: int | str = "self") -> float | None:
@@ -140,3 +147,62 @@ def prepared_phases(
         return None
     print(prepared["note"])
     return {phase: child(script, phase, folder, common) for phase in phases}
+
+
+# --- figures as JSON (``--json PATH``; bench_all.py reads them) ------------------------------
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    """Return the ``q`` quantile of sorted ``values`` by nearest rank (as the tables print it)."""
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def phase_figures(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return the figures ``print_table`` prints, per phase: rate, us/record, RSS, x baseline."""
+    base_rate = _rate(results["baseline"])
+    out: dict[str, dict[str, Any]] = {}
+    for phase, r in results.items():
+        if "error" in r:
+            out[phase] = {"error": r["error"]}
+            continue
+        rate = _rate(r)
+        out[phase] = {
+            "records": r["records"],
+            "seconds": r["seconds"],
+            "records_per_s": rate,
+            "us_per_record": 1e6 / rate if rate else None,
+            "peak_rss_mib": r["peak_rss_mib"],
+            "x_baseline": rate / base_rate if rate and base_rate else None,
+        }
+        if r.get("note"):
+            out[phase]["note"] = r["note"]
+    return out
+
+
+def rss_figures(
+    results: dict[str, dict[str, Any]], shares: tuple[float, ...]
+) -> dict[str, dict[str, Any]]:
+    """Return the figures ``print_rss_profile`` prints, per phase: peak, RSS at each share,
+    last / first and the peak over the baseline's."""
+    base = results["baseline"].get("peak_rss_mib")
+    out: dict[str, dict[str, Any]] = {}
+    for phase, r in results.items():
+        if "error" in r:
+            out[phase] = {"error": r["error"]}
+            continue
+        at = {q: r.get("rss_at", {}).get(str(q)) for q in map(str, shares)}
+        first, last = at.get(str(shares[0])), at.get(str(shares[-1]))
+        out[phase] = {
+            "peak_rss_mib": r["peak_rss_mib"],
+            "rss_at_mib": {k: v for k, v in at.items() if v is not None},
+            "last_first": last / first if first and last else None,
+            "peak_x_baseline": r["peak_rss_mib"] / base if base else None,
+        }
+    return out
+
+
+def write_json(path: Path | None, figures: dict[str, Any]) -> None:
+    """Write ``figures`` as one JSON object to ``path`` (nothing when ``path`` is None)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2) + "\n")

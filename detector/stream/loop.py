@@ -7,6 +7,9 @@ Polled records pass a reorder buffer first (``detector.stream.reorder``), so tha
 are taken in event-time order while the consumer catches up. On an assignment the
 correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of each partition
 before its committed offset; the writes are idempotent, so nothing duplicates.
+A batch is cut after a record that opened an incident or changed its stage: what it processed
+is committed at once (the on-call is waiting for that row and its Slack message) and the rest
+is processed next, before the next poll.
 A batch that failed is retried with each of its records in a savepoint of its own: a record
 that fails while the store answers is dead-lettered as ``processing_failed`` with its error
 (``StreamLoop._process_alone``), so no record stalls the stream; a store outage dead-letters
