@@ -325,19 +325,22 @@ def insert_ignore(
     Pending ORM changes are flushed first. Raises ``StoreError`` on any other database.
     """
     session.flush()
-    connection = session.connection()
-    dialect = connection.dialect.name
-    table = cast(Table, model.__table__)
-    if dialect == "postgresql":
-        stmt: Any = postgresql.insert(table).values(**values)
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(table).values(**values)
-    else:
-        raise StoreError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+    stmt = _insert(session, cast(Table, model.__table__)).values(**values)
     stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
     # rowcount of an INSERT is only kept when asked for: 1 inserted, 0 on conflict.
-    result = connection.execute(stmt.execution_options(preserve_rowcount=True))
+    result = session.connection().execute(stmt.execution_options(preserve_rowcount=True))
     return result.rowcount == 1
+
+
+def _insert(session: Session, target: Any) -> Any:
+    """Return the dialect's INSERT of ``target`` (a table or a mapped class), which has
+    ``on_conflict_do_nothing``/``_do_update``; raises ``StoreError`` beyond SQLite/PostgreSQL."""
+    dialect = session.connection().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(target)
+    if dialect == "sqlite":
+        return sqlite.insert(target)
+    raise StoreError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
 
 
 def upsert(
@@ -359,17 +362,9 @@ def upsert(
     if not rows:
         return
     session.flush()
-    connection = session.connection()
-    dialect = connection.dialect.name
-    table = cast(Table, model.__table__)
-    if dialect == "postgresql":
-        stmt: Any = postgresql.insert(table)
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(table)
-    else:
-        raise StoreError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+    stmt = _insert(session, cast(Table, model.__table__))
     stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=dict(update(stmt.excluded)))
-    connection.execute(stmt, [dict(row) for row in rows])
+    session.connection().execute(stmt, [dict(row) for row in rows])
 
 
 class greatest(ReturnTypeFromArgs[Any]):  # an SQL function: named as in SQL
@@ -386,13 +381,22 @@ def _greatest_sqlite(element: greatest, compiler: SQLCompiler, **kw: Any) -> str
 def get_or_insert(
     session: Session, model: type[M], values: dict[str, Any], keys: list[str]
 ) -> tuple[M, bool]:
-    """Return the row of ``model`` with the unique ``keys`` of ``values`` and whether it is new."""
+    """Return the row of ``model`` with the unique ``keys`` of ``values`` and whether it is new.
+
+    A SELECT; when it finds nothing, ``INSERT ... ON CONFLICT (keys) DO NOTHING RETURNING``
+    (an ORM-enabled insert, SQLite 3.35+ and PostgreSQL) gives the new row, and only a row
+    another session inserted meanwhile is selected again (a new row took three statements).
+    """
     stmt = select(model).filter_by(**{key: values[key] for key in keys})
     row = session.scalars(stmt).one_or_none()
     if row is not None:
         return row, False
-    inserted = insert_ignore(session, model, values, keys)
-    return session.scalars(stmt).one(), inserted
+    insert = _insert(session, model).values(**values)
+    insert = insert.on_conflict_do_nothing(index_elements=list(keys)).returning(model)
+    row = session.scalars(insert).one_or_none()
+    if row is not None:
+        return row, True
+    return session.scalars(stmt).one(), False
 
 
 def clean_text(text: str) -> str:
