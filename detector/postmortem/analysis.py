@@ -172,7 +172,10 @@ def _step_entries(f: Frames) -> pd.DataFrame:
     t = f.timeline[f.timeline["kind"] == "step"].copy()
     t["event"] = [(d or {}).get("event") for d in t["detail"]]
     t["position"] = [(d or {}).get("position") for d in t["detail"]]
-    t["actor"] = [str((d or {}).get("actor") or "") for d in t["detail"]]
+    # a str column even with no step (an empty list would make it float: no .str accessor)
+    t["actor"] = pd.Series(
+        [str((d or {}).get("actor") or "") for d in t["detail"]], index=t.index, dtype=object
+    )
     return t[t["event"].notna()]
 
 

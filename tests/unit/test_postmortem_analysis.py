@@ -184,6 +184,16 @@ def test_a_policy_approval_is_no_human_decision() -> None:
     assert "policy approvals are not decisions" in found["first human decision"]["note"]
 
 
+def test_an_incident_without_steps_has_no_decision_and_no_action() -> None:
+    """With no step on the timeline (containment off), the export crashed on ``.str``."""
+    inc = incident()
+    inc["timeline"] = [t for t in inc["timeline"] if t.get("kind") != "step"]
+    frames = analysis.frames(inc, pd.DataFrame(lb_series(falling())), 5.0)
+    found = {d["milestone"]: d for d in analysis.detection(frames)}
+    assert found["first action"]["time"] is None
+    assert found["first human decision"]["time"] is None
+
+
 def test_impact_counts_degraded_down_failed_shed_and_the_peak() -> None:
     lb = [(0, 10, 0, 0), (5, 10, 1, 0), (10, 10, 5, 0), (15, 8, 8, 0), (20, 6, 4, 2),
           (25, 0, 0, 0), (35, 10, 0, 0)]  # fmt: skip
