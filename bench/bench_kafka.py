@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import signal
@@ -42,9 +41,9 @@ if str(ROOT) not in sys.path:
 
 from phases import (  # noqa: E402
     child,
-    nearest_rank,
     phase_figures,
     print_table,
+    spread,
     write_cascade,
     write_json,
 )
@@ -476,14 +475,7 @@ def _latency_figures(r: dict[str, Any]) -> dict[str, Any]:
         "detector_peak_rss_mib": r["detector_rss_mib"],
         "process_peak_rss_mib": r["peak_rss_mib"],
     }
-    if values:
-        out |= {
-            "p50_ms": nearest_rank(values, 0.5),
-            "p99_ms": nearest_rank(values, 0.99),
-            "min_ms": values[0],
-            "max_ms": values[-1],
-        }
-    return out
+    return out | spread(values)
 
 
 def _print_latency(r: dict[str, Any]) -> None:
@@ -497,13 +489,10 @@ def _print_latency(r: dict[str, Any]) -> None:
         f"{r['rate']:,.0f} records/s"
     )
     if values:
-
-        def rank(q: float) -> float:
-            return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
+        f = spread(values)
         print(
-            f"{head}: p50 {rank(0.5):.0f} ms, p99 {rank(0.99):.0f} ms, "
-            f"min {values[0]:.0f} ms, max {values[-1]:.0f} ms"
+            f"{head}: p50 {f['p50_ms']:.0f} ms, p99 {f['p99_ms']:.0f} ms, "
+            f"min {f['min_ms']:.0f} ms, max {f['max_ms']:.0f} ms"
         )
     else:
         print(f"{head}: no measurement")

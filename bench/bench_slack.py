@@ -23,7 +23,6 @@ producer and DB watcher of bench_kafka's latency phase). Measured per run:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import subprocess
@@ -45,7 +44,7 @@ for folder in (BENCH, ROOT / "tests"):
         sys.path.insert(0, str(folder))
 
 from bench_kafka import START_TIMEOUT_S, _one_latency, _ordered, _trigger  # noqa: E402
-from phases import nearest_rank, write_json  # noqa: E402
+from phases import spread, write_json  # noqa: E402
 from slack_emulator import SlackEmulator  # noqa: E402
 
 TARGET_MS = 1000.0  # DESIGN.md section 7: -> Slack message posted, p99 under 1 s
@@ -342,13 +341,7 @@ def _figures(results: list[dict[str, Any]], records: int, rate: float) -> dict[s
         values = sorted(r[key] for r in results if key in r)
         kind = latency[key.removesuffix("_ms")] = {"what": label, "n": len(values)}
         kind["missing"] = len(results) - len(values)
-        if values:
-            kind |= {
-                "p50_ms": nearest_rank(values, 0.5),
-                "p99_ms": nearest_rank(values, 0.99),
-                "min_ms": values[0],
-                "max_ms": values[-1],
-            }
+        kind |= spread(values)
     return {
         "runs": len(results),
         "records_per_run": records,
@@ -374,15 +367,13 @@ def _print_summary(results: list[dict[str, Any]], records: int, rate: float) -> 
             print(f"  {label}: no such message in any run")
             continue
 
-        def rank(q: float, values: list[float] = values) -> float:
-            return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-        target = f", p99/target {rank(0.99) / TARGET_MS:.2f}" if key != "db_ms" else ""
+        f = spread(values)
+        target = f", p99/target {f['p99_ms'] / TARGET_MS:.2f}" if key != "db_ms" else ""
         missing = len(results) - len(values)
         target += f"; no such message in {missing} run(s)" if missing else ""
         print(
-            f"  {label}: p50 {rank(0.5):.0f} ms, p99 {rank(0.99):.0f} ms, "
-            f"min {values[0]:.0f} ms, max {values[-1]:.0f} ms (n={len(values)}){target}"
+            f"  {label}: p50 {f['p50_ms']:.0f} ms, p99 {f['p99_ms']:.0f} ms, "
+            f"min {f['min_ms']:.0f} ms, max {f['max_ms']:.0f} ms (n={len(values)}){target}"
         )
     print(f"  target: -> Slack message posted p99 under {TARGET_MS:.0f} ms (DESIGN.md section 7)")
     for n, r in enumerate(results, 1):

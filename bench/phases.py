@@ -157,6 +157,18 @@ def nearest_rank(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """Return p50/p99 (nearest rank), min and max of sorted latencies in ms; {} for none."""
+    if not values:
+        return {}
+    return {
+        "p50_ms": nearest_rank(values, 0.5),
+        "p99_ms": nearest_rank(values, 0.99),
+        "min_ms": values[0],
+        "max_ms": values[-1],
+    }
+
+
 def phase_figures(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Return the figures ``print_table`` prints, per phase: rate, us/record, RSS, x baseline."""
     base_rate = _rate(results["baseline"])
