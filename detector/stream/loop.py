@@ -349,13 +349,10 @@ class StreamLoop:
         return any(resolver.resolve(signal) is not None for signal in parsed.signals)
 
     def _offsets(self, touched: set[Partition]) -> dict[Partition, Committed]:
-        """Return the positions to commit: past what was processed, below every held record
-        (records leave the buffer in time order, not offset order), never back into a rebuild."""
-        held = self._held.first_held() if len(self._held) else {}
-        for record in self._pending:  # not processed yet: like held records
-            first = held.get((record.topic, record.partition))
-            if first is None or record.offset < first.offset:
-                held[(record.topic, record.partition)] = record
+        """Return the positions to commit: past what was processed, below every held or pending
+        record (records leave the buffer in time order, not offset order), never back into a
+        rebuild."""
+        held = self._held.first_held(self._pending)
         offsets: dict[Partition, Committed] = {}
         for partition in touched:
             record = self._done[partition]

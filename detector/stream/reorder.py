@@ -73,10 +73,11 @@ class ReorderBuffer:
             self._last_release = now
         return out
 
-    def first_held(self) -> dict[Partition, Record]:
-        """Return the held record of smallest offset per partition (commits stay below it)."""
+    def first_held(self, unprocessed: Iterable[Record] = ()) -> dict[Partition, Record]:
+        """Return the held record of smallest offset per partition (commits stay below it),
+        counting ``unprocessed`` (released, not processed yet) as held."""
         first: dict[Partition, Record] = {}
-        for _, _, r in self._heap:
+        for r in itertools.chain((r for _, _, r in self._heap), unprocessed):
             key = (r.topic, r.partition)
             if key not in first or r.offset < first[key].offset:
                 first[key] = r
