@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -20,12 +21,15 @@ from sqlalchemy.orm import Session
 from detector import db
 from detector.config import Settings, SlackSettings, load_workload_map
 from detector.correlate.correlator import Correlator
+from detector.correlate.coverage import SignalCoverage, of_workloads
+from detector.correlate.identity import WorkloadRef
 from detector.correlate.state import Decision, IncidentOpened, StageChanged
 from detector.errors import ConfigError, ParseError
 from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos, slot_init
 from detector.events.reader import iter_files, read_records
 from detector.events.sources.raw_text import LogIdentity, dated_time
+from detector.events.streams import Stream
 from detector.incidents import service
 from detector.incidents.flows import IncidentRecorder, answer, decision_time
 from detector.incidents.models import DeadLetter, Incident
@@ -203,6 +207,10 @@ class Processor:
     seen: dict[str, None] = field(default_factory=dict)
     verdicts: dict[str, None] = field(default_factory=dict)
     staged: bool = False
+    topics: tuple[str, ...] = ()  # kafka.topics: the stream of a dead letter's topic
+    rejected_at: Counter[tuple[str, str]] = field(default_factory=Counter)  # (origin, reason)
+    # each workload's signal coverage as of the last ``finish`` (``correlate.coverage``)
+    coverage: dict[WorkloadRef, list[SignalCoverage]] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Processor:
@@ -212,7 +220,7 @@ class Processor:
         )
         runbook = load_runbook(settings.runbook_path)
         flows = ContainmentFlows.from_settings(runbook, settings, step_actuators(settings))
-        return cls(correlator, flows, settings.slack)
+        return cls(correlator, flows, settings.slack, topics=tuple(settings.kafka.topics))
 
     @property
     def stages(self) -> tuple[BatchStage, ...]:
@@ -230,6 +238,7 @@ class Processor:
         counts = self.counts
         counts.read += 1
         if parsed.error is not None:
+            self.rejected_at[parsed.source.origin, parsed.error.reason] += 1
             return _reject(parsed, counts, session)
         counts.parsed += 1
         counts.signals += len(parsed.signals)
@@ -273,22 +282,46 @@ class Processor:
             notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
 
     def finish(self, session: Session) -> None:
-        """Advance containment and answer the questions of every incident still held.
+        """Advance containment, answer the questions and store the signal coverage of every
+        incident still held.
 
         The correlator's clock moves the event time reached forward even when no decision
         did (a resolved incident's lifts need time to pass). Raises StoreError.
         """
         self.clock = max(self.clock, self.correlator.now or 0.0)
+        self.coverage = self.workload_coverage()
         for key, incident in list(self.recorder.incidents.items()):
             ctx = self.correlator.context(key)
             if ctx is not None:
                 self._advance(key, incident, session)
                 answer(incident, ctx, session=session)
+                self._cover(incident)
                 self.recorder.record_series(incident, self.correlator, session=session)
                 notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
         self.counts.unattributed_by_reason = self.correlator.unattributed_by_reason.reasons()
+
+    def workload_coverage(self) -> dict[WorkloadRef, list[SignalCoverage]]:
+        """Return each workload's coverage of the four signals (``correlate.coverage``): the
+        dead letters of a topic count for its stream's signals, those of a file for all."""
+        streams = {topic: Stream(i) for i, topic in enumerate(self.topics[: len(Stream)])}
+        rejected: Counter[tuple[Stream | None, str]] = Counter()
+        for (origin, reason), count in self.rejected_at.items():
+            rejected[streams.get(origin), reason] += count
+        c = self.correlator
+        reasons = c.unattributed_by_reason.reasons()
+        return of_workloads(c.workloads, reasons, rejected, c.retired)
+
+    def _cover(self, incident: Incident) -> None:
+        """Store the coverage of the incident's workload on its row, when it changed."""
+        found = self.coverage.get(WorkloadRef(incident.namespace, incident.workload,
+                                              cluster=incident.cluster))  # fmt: skip
+        if found is None:
+            return
+        entries = [c.to_dict() for c in found]
+        if incident.coverage != entries:
+            incident.coverage = entries
 
     def _advance(self, key: str, incident: Incident, session: Session) -> int:
         ctx = self.correlator.context(key)

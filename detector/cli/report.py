@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from detector.config import DatabaseSettings
 from detector.db import redact
+from detector.report.coverage import coverage_text
 from detector.report.document import (
     CORE_SIGNALS,
     ReplayResult,
@@ -115,6 +116,7 @@ def render_incident(
     console.print("victims in order: " + _t(" -> ".join(inc["pods"]) or "none yet", one_line=True))
     marks = [f"{_t(k)} {'yes' if k in inc['signals'] else 'no'}" for k in CORE_SIGNALS]
     console.print("signals: " + ", ".join(marks))
+    _render_coverage(inc, console)
     _render_steps(inc, console, approvers=approvers, db=db)
     _render_questions(inc, console)
     console.print("[bold]timeline[/bold]")
@@ -122,6 +124,22 @@ def render_incident(
     for t in inc["timeline"]:
         line = f"  {_when(t['time'], day)} {_t(t['kind']):<8} {_t(t['message'])}"
         console.print(line, soft_wrap=True)
+
+
+def _render_coverage(inc: dict[str, Any], console: Console) -> None:
+    """Print the coverage of the four signals: what was seen, and why each missing one is."""
+    entries = inc.get("coverage", [])
+    if not entries:
+        return
+    seen = ", ".join(f"{e['signal']} {e['count']}" for e in entries if e["seen"])
+    console.print(f"coverage (signals seen): {_t(seen or 'none')}")
+    for entry in entries:
+        if entry["seen"] and entry["evidence"]:
+            continue
+        head = _NOTE if entry["seen"] else _WARNING
+        console.print(f"  {head} {_t(coverage_text(entry))}", soft_wrap=True)
+        if entry["hint"]:
+            console.print(f"    to bring it in: {_t(entry['hint'])}", soft_wrap=True)
 
 
 def _render_steps(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -75,6 +75,17 @@ def outcome_json(outcome: SimOutcome) -> str:
     return json.dumps(outcome.as_dict(), indent=2)
 
 
+def _span(span: dict[str, Any] | None) -> str:
+    """Return the answers logged in the postmortem's span, as its impact counts them."""
+    if span is None:
+        return "-"
+    when = f"{span['start'][11:19]} to {span['end'][11:19]} UTC"
+    return (
+        f"{when}: {span['responses']:,} responses, {span['answers_5xx']:,} 5xx, "
+        f"{span['shed']:,} shed (429 and 413)"
+    )
+
+
 def outcome_text(o: SimOutcome) -> str:
     """Return the outcome as a few aligned lines."""
 
@@ -100,8 +111,10 @@ def outcome_text(o: SimOutcome) -> str:
         ("latency p50 / p99", f"{secs(o.latency_p50_s)} / {secs(o.latency_p99_s)} (successes)"),
         (
             "attempts (retries too)",
-            f"{o.attempts:,}: {o.attempts_5xx:,} 5xx, {o.attempts_429:,} 429",
+            f"{o.attempts:,}: {o.attempts_5xx:,} 5xx, {o.attempts_429:,} 429, "
+            f"{o.attempts_413:,} 413",
         ),
+        ("answered in the postmortem's span", _span(o.answered_in_span)),
         ("pods lost to GPU OOM", f"{lost}{causes}{victims}"),
         ("other deaths, preemptions", f"{o.non_oom_deaths}, {o.preemptions:,}"),
         ("cascading", since(o.detect_s, "never")),

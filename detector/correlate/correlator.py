@@ -13,6 +13,7 @@ from typing import Final
 from detector.config import CorrelateSettings, WorkloadMap
 from detector.correlate import pattern
 from detector.correlate.context import IncidentContext
+from detector.correlate.coverage import retire
 from detector.correlate.forecast import (
     FORECAST_EVERY_S,
     NextVictim,
@@ -81,6 +82,7 @@ class Correlator:
         self.now = 0.0
         self.unattributed = 0
         self.unattributed_by_reason = UnattributedTally()  # what was left out, why, how to fix
+        self.retired: dict[SignalKind, int] = {}  # forgotten workloads' signals, by kind
         self._open: dict[str, WorkloadState] = {}  # incident key -> workload state
         self._contexts: dict[str, IncidentContext] = {}  # resolved incidents' views
         self.series_book: SeriesBook[WorkloadRef] = (
@@ -106,6 +108,7 @@ class Correlator:
             self.workloads[ref] = ws
             ws.ref = ref
         time, kind, pod = signal.time, signal.kind, signal.pod
+        ws.seen[kind] += 1  # its coverage (coverage.py): one counter per signal, nothing more
         now = time if time > self.now else self.now
         revision = self.resolver.revised and self.resolver.take_revision()
         moved = self._move_pod(*revision, ws, now) if revision else []
@@ -281,6 +284,7 @@ class Correlator:
             lb_seen = ws.last_lb is not None and ws.last_lb.time >= horizon
             if ref.kind == "unknown" and not ws.pods and not lb_seen:
                 del self.workloads[ref]
+                retire(self.retired, ws.seen)
                 self.resolver.forget_workload(ref)
                 self.series_book.forget(ref)
                 for key in ws.resolved:
@@ -611,7 +615,8 @@ class Correlator:
             count = _response_count(ws, sig)
         if count <= 0:
             return []
-        self.series_book.add_responses(ws.ref, sig.time, status, count)
+        if not attrs.get("error_log"):  # its request's access line is the response counted
+            self.series_book.add_responses(ws.ref, sig.time, status, count)
         upstream_error = upstream_failed(
             attrs.get("upstream_status"), attrs.get("upstream_statuses")
         )

@@ -1,10 +1,15 @@
 """Per-workload time series in fixed event-time buckets, for charts and the postmortem (pure).
 
 The correlator feeds every attributed load-balancer response and pressure reading to one
-``SeriesBook``; an incident's series is read back as ``SeriesPoint``s (``points``):
+``SeriesBook``; an incident's series is read back as ``SeriesPoint``s (``points``). A response
+is an access line (or a counter's increase): an nginx error-log line about the same request is
+not counted again (nginx writes an access line for every request, the failed ones included:
+http://nginx.org/en/docs/http/ngx_http_log_module.html ; and an upstream tried before another
+that answered logs an error for a response that did not fail). The series:
 
 - ``requests``, ``errors_5xx`` (HTTP 500-599 the load balancer answered), ``shed_429``
-  (HTTP 429): responses per bucket, label ``""`` (the workload);
+  (``SHED_STATUSES``: 429 and 413, the gateway's own refusals): responses per bucket, label
+  ``""`` (the workload);
 - ``pressure``: per pod (label), the highest used/total ratio in the bucket, detail ``KV cache``
   or ``GPU memory`` (a pod with KV-cache readings is charted by them alone: for engines that
   pre-reserve VRAM it is the measure; ``pressure_since`` gives both, for the forecast);

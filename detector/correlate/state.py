@@ -11,7 +11,7 @@ from detector.correlate.forecast import NextVictim
 from detector.correlate.identity import WorkloadRef
 from detector.correlate.requests import RequestSizes
 from detector.correlate.windows import ClientStats, ClientWindow, RateWindow
-from detector.events.model import Signal, SourcePos
+from detector.events.model import Signal, SignalKind, SourcePos
 
 _V = TypeVar("_V")
 
@@ -163,6 +163,8 @@ class WorkloadState:
     sizes: RequestSizes = field(default_factory=RequestSizes)  # request sizes at the gateway
     # a victim's pod IP -> (pod, its death): its requests should stop, until it restarts
     dead_addrs: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # signals attributed to the workload, by kind: its coverage (``coverage.py``)
+    seen: dict[SignalKind, int] = field(default_factory=lambda: dict.fromkeys(SignalKind, 0))
 
     def forget_idle(self, horizon: float) -> list[str]:
         """Forget the pods and GPUs last seen before ``horizon`` (event time); return the pods.

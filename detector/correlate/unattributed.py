@@ -14,6 +14,8 @@ from typing import Final
 from detector.events.model import Signal, SignalKind
 
 EXAMPLES_KEPT: Final = 3  # examples kept per (kind, reason)
+# a web server's own access line (nothing proxied): no load balancer's line (``streams.py``)
+NO_UPSTREAM: Final = "no upstream on the line"
 
 _LOG_HINT = (
     "pass --namespace NS to replay (with --pod POD for one pod's raw log), or ship the logs "
@@ -83,7 +85,7 @@ def why_unattributed(signal: Signal) -> tuple[str, str]:
     """Return ``(reason, hint)``: why ``signal`` names no workload and what would tie it."""
     if signal.kind is SignalKind.LB_RESPONSE and not signal.attrs.get("sidecar"):
         if not signal.attrs.get("upstream"):
-            return "no upstream on the line", _NO_UPSTREAM_HINT
+            return NO_UPSTREAM, _NO_UPSTREAM_HINT
         return "upstream matches no workload", _UPSTREAM_HINT
     if signal.kind is SignalKind.GPU_MEMORY:
         hint = _GPU_MEMORY_HINT

@@ -86,6 +86,9 @@ class Incident(Base):
     opened_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # which of the four signals the workload has seen, and why each missing one is missing
+    # (``detector.correlate.coverage.SignalCoverage.to_dict``, in ``SIGNALS`` order)
+    coverage: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
     victims: Mapped[list[IncidentPod]] = relationship(
         order_by="IncidentPod.position", cascade="all, delete-orphan", passive_deletes=True

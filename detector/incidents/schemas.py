@@ -51,7 +51,9 @@ class EvidenceOut(Out):
 
 
 class TimelineEntryOut(Out):
-    """One timeline line; ``detail`` is a step's structured entry (actor, status, diff ...)."""
+    """One timeline line; ``detail`` is a step's structured entry (actor, status, diff ...)
+    or, on a ``contained`` stage entry of the read model, who contained the incident
+    (``detector.report.recovery.Recovery.as_detail``)."""
 
     id: int
     time: datetime

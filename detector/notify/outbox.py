@@ -80,6 +80,19 @@ def pending_incidents(*, session: Session) -> list[int]:
     return sorted(ids)
 
 
+@store_errors
+def open_threads(*, session: Session) -> list[int]:
+    """Return the ids of incidents not resolved whose root message is posted: their state of
+    now (pods, the load balancer) changes with nothing new to tell in the thread."""
+    stmt = (
+        select(NotificationThread.incident_id)
+        .join(Incident, Incident.id == NotificationThread.incident_id)
+        .where(NotificationThread.ts.is_not(None), Incident.resolved_at.is_(None))
+        .order_by(NotificationThread.incident_id)
+    )
+    return list(session.scalars(stmt))
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One reply: its key (in Slack's message metadata), its entries, and whether it was

@@ -21,11 +21,14 @@ as Markdown, HTML or JSON. Definitions (the load balancer's 5 s buckets, ``bucke
   response per bucket, else "no change in the requests not served", with whether a GPU OOM
   followed (a step taken before the errors spread, such as a predictive gateway limit, shows
   there).
+- **sources** of a causal-chain link: the lines whose figures its text states, the first the
+  line of its own pod and time, or the series an aggregate was computed from (``series: ...``);
+  a question says what its one cited line shows (``citations``). What the detector forecast
+  and when Slack heard of it are checked against what happened in ``checks``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,6 +37,9 @@ from typing import Any
 import pandas as pd
 
 from detector.correlate.series import CEILING, ERRORS_5XX, KV_CACHE, PRESSURE, REQUESTS, SHED_429
+from detector.postmortem import checks, citations
+from detector.postmortem.fmt import duration, hms, iso, num
+from detector.report.recovery import CONTAINED_HEAD
 
 LB_METRICS = (REQUESTS, ERRORS_5XX, SHED_429)
 EFFECT_WINDOW_S = 60.0  # seconds before and after a step's apply that its effect compares
@@ -118,36 +124,11 @@ def frames(incident: Mapping[str, Any], series: pd.DataFrame, bucket_s: float) -
     return Frames(lb, pressure, evidence, timeline, victims, bucket_s)
 
 
-# --- formatting helpers (the one way numbers and times are written) -----------------------
-
-
-def iso(ts: pd.Timestamp | datetime | None) -> str | None:
-    """Return ``ts`` as ISO 8601 UTC ending in ``Z`` (microseconds only when not zero)."""
-    if ts is None or (isinstance(ts, float) and math.isnan(ts)) or pd.isna(ts):
-        return None
-    t = pd.Timestamp(ts).tz_convert("UTC")
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if t.microsecond else "%Y-%m-%dT%H:%M:%SZ")
-
-
-def hms(ts: pd.Timestamp | datetime) -> str:
-    """Return ``ts`` as ``HH:MM:SS`` UTC."""
-    return pd.Timestamp(ts).tz_convert("UTC").strftime("%H:%M:%S")
-
-
-def num(value: float, digits: int = 2) -> float:
-    """Return ``value`` rounded to ``digits`` (a JSON-stable float; -0.0 becomes 0.0)."""
-    return round(float(value), digits) + 0.0
+# --- formatting helpers: ``fmt``'s (iso, hms, num, duration), and seconds between two times --
 
 
 def _secs(a: pd.Timestamp, b: pd.Timestamp) -> float:
     return num((b - a).total_seconds(), 3)
-
-
-def duration(seconds: float) -> str:
-    """Return ``seconds`` as ``3 min 23 s`` (whole seconds) or ``45 s``."""
-    total = round(seconds)
-    minutes, rest = divmod(total, 60)
-    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -190,6 +171,12 @@ def impact(f: Frames, th: Thresholds, resolved_at: pd.Timestamp | None = None) -
     stages = stage_times(f)
     recovered_stage = "contained" if "contained" in stages else "resolved"
     recovered = stages.get("contained", stages.get("resolved", resolved_at))
+    # who contained it: the read model's attribution on the first contained stage entry
+    # (detector.report.recovery), None when there is none
+    t = f.timeline
+    firsts = t[(t["kind"] == "stage") & t["message"].astype(str).str.startswith(CONTAINED_HEAD)]
+    found = firsts["detail"].iloc[0] if len(firsts) else None
+    recovery = found if isinstance(found, dict) else {}
     return {
         "span": {
             "start": iso(lb.index.min()) if len(lb) else None,
@@ -207,32 +194,32 @@ def impact(f: Frames, th: Thresholds, resolved_at: pd.Timestamp | None = None) -
         "pods_lost": len(f.victims),
         "recovered_at": iso(recovered),
         "recovered_stage": recovered_stage if recovered is not None else None,
+        "recovered_by": recovery.get("recovered_by"),
+        "recovery": recovery.get("attribution"),
         "time_to_recover_s": _secs(start, recovered) if start is not None and recovered else None,
         "error_ratio_threshold": th.error_ratio,
         "bucket_s": b,
     }
 
 
-def detection(f: Frames) -> list[dict[str, Any]]:
+def detection(f: Frames, delivery: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Return first OOM -> suspected -> cascading -> notification -> action -> a person's
     decision (an approval or a denial by someone, never a policy's automatic approval).
 
     Each milestone has its time (None when it did not happen or is not in the timeline),
-    ``delay_s`` from the first OOM and ``since_previous_s`` from the milestone before it.
+    ``delay_s`` from the first OOM and ``since_previous_s`` from the milestone before it. The
+    first notification is the outbox's first delivered message (``delivery``: the read model's
+    ``DeliveryOut`` as JSON, None when nothing was queued; ``checks.first_notification``).
     """
     stages, steps = stage_times(f), _step_entries(f)
     actions = steps[steps["event"].isin(("applied", "restarted"))]
     decided = steps[steps["event"].isin(DECISIONS) & ~steps["actor"].str.startswith("policy:")]
-    notes = f.timeline[f.timeline["kind"] == "notification"]
+    notified, unsent = checks.first_notification(delivery)
     found: list[tuple[str, pd.Timestamp | None, str]] = [
         ("first GPU OOM", first_oom(f), "the first victim's OOM"),
         ("suspected", stages.get("suspected"), "stage entry"),
         ("cascading", stages.get("cascading"), "stage entry"),
-        (
-            "first notification",
-            notes["time"].iloc[0] if len(notes) else None,
-            "not in the timeline: Slack sends are kept in the outbox",
-        ),
+        ("first notification", notified, unsent),
         ("first action", actions["time"].iloc[0] if len(actions) else None, "step applied"),
         (
             "first human decision",
@@ -367,11 +354,16 @@ def _attr(row: Any, key: str) -> Any:
     return (row.attrs or {}).get(key)
 
 
+def _config_row(f: Frames, key: str, pod: str | None = None) -> Any:
+    """Return the latest engine_config evidence row that gives ``key`` (of ``pod``), else None."""
+    rows = [r for r in _evidence(f, "engine_config", pod).itertuples() if _attr(r, key) is not None]
+    return rows[-1] if rows else None
+
+
 def _latest_config(f: Frames, key: str, pod: str | None = None) -> Any:
     """Return the latest engine_config evidence value of ``key`` (of ``pod``), else None."""
-    rows = _evidence(f, "engine_config", pod)
-    values = [v for v in (_attr(r, key) for r in rows.itertuples()) if v is not None]
-    return values[-1] if values else None
+    row = _config_row(f, key, pod)
+    return _attr(row, key) if row is not None else None
 
 
 def _oom_text(row: Any) -> str:
@@ -388,8 +380,15 @@ def _oom_text(row: Any) -> str:
     return f"pod {row.pod} died of GPU OOM at {hms(row.time)}: {said}"
 
 
-def _link(kind: str, when: pd.Timestamp | None, text: str, source: Any) -> dict[str, Any]:
-    return {"link": kind, "time": iso(when), "text": text, "source": source}
+def _link(
+    kind: str, when: pd.Timestamp | None, text: str, sources: Sequence[Any]
+) -> dict[str, Any]:
+    """Return a link of the chain citing ``sources``: the lines that show its figures, the
+    first the line of its own moment (its pod and time), or the series it was computed from
+    (``series: ...``: no line shows an aggregate); ``source`` is the first."""
+    cited = list(dict.fromkeys(str(s) for s in sources if s))
+    return {"link": kind, "time": iso(when), "text": text, "source": cited[0] if cited else None,
+            "sources": cited}  # fmt: skip
 
 
 def causal_chain(f: Frames, th: Thresholds) -> list[dict[str, Any]]:
@@ -403,7 +402,7 @@ def causal_chain(f: Frames, th: Thresholds) -> list[dict[str, Any]]:
     own = ooms[ooms["pod"] == first["pod"]]
     if len(own):
         row = next(own.itertuples())
-        out.append(_link("first OOM", row.time, _oom_text(row), row.source))
+        out.append(_link("first OOM", row.time, _oom_text(row), [row.source]))
     out += _batch_before(f, first["pod"], t0)
     out.append(_traffic_shift(f, t0, th))
     climbs = _pressure_climb(f, t0, th)  # by pod: its pressure link goes before its death
@@ -415,7 +414,7 @@ def causal_chain(f: Frames, th: Thresholds) -> list[dict[str, Any]]:
         text = _oom_text(next(own.itertuples())) if len(own) else f"pod {v.pod} died of GPU OOM"
         gap = (v.first_oom_at - prev).total_seconds()
         out.append(_link(f"death #{v.position}", v.first_oom_at, f"{text} ({gap:.0f} s after "
-                         "the previous death)", src))  # fmt: skip
+                         "the previous death)", [src]))  # fmt: skip
         prev = v.first_oom_at
     for pod in sorted(climbs):
         out += climbs[pod]
@@ -436,13 +435,14 @@ def _batch_before(f: Frames, pod: str, t0: pd.Timestamp) -> list[dict[str, Any]]
         f"requests with {a.get('requests_waiting', 0)} waiting"
         + (f", KV cache {kv:.0%} used" if isinstance(kv, int | float) else "")
     )
-    max_len = _latest_config(f, "max_model_len", pod)
-    seqs = _latest_config(f, "max_num_seqs", pod)
+    max_len = _config_row(f, "max_model_len", pod)
+    seqs = _config_row(f, "max_num_seqs", pod)
     if max_len is not None:
-        text += f"; sequences up to max_model_len {max_len:,} tokens"
+        text += f"; sequences up to max_model_len {max_len.attrs['max_model_len']:,} tokens"
     if seqs is not None:
-        text += f", batch ceiling max_num_seqs {seqs}"
-    return [_link("batch before", row.time, text, row.source)]
+        text += f", batch ceiling max_num_seqs {seqs.attrs['max_num_seqs']}"
+    cited = [row.source] + [c.source for c in (max_len, seqs) if c is not None]
+    return [_link("batch before", row.time, text, cited)]
 
 
 def _pods(f: Frames) -> list[str]:
@@ -462,38 +462,77 @@ def _traffic_shift(f: Frames, t0: pd.Timestamp, th: Thresholds) -> dict[str, Any
             f"; per serving pod (even balancing) {r0 / n:.2f}/s over {n} pods → "
             f"{r1 / (n - 1):.2f}/s over the {n - 1} survivors"
         )
-    lb = _evidence(f, "lb_errors")
-    src = lb["source"].iloc[0] if len(lb) else "series: requests at the load balancer"
-    return _link("traffic shift", t0, text, src) | {
+    until = before + pd.Timedelta(seconds=w)
+    src = f"series: requests at the load balancer, {hms(before)}-{hms(until)}"
+    src += f" and {hms(after)}-{hms(end)}"
+    return _link("traffic shift", t0, text, [src]) | {
         "rate_before_per_s": num(r0),
         "rate_after_per_s": num(r1),
     }
 
 
 def _pressure_climb(f: Frames, t0: pd.Timestamp, th: Thresholds) -> dict[str, list[dict[str, Any]]]:
+    """Return, per pod but the first victim, how its pressure climbed after the first death
+    (``t0``), until it died or ``window_s`` after ``t0``: from its recorded lines
+    (``_climb_lines``), else from its series (``_climb_series``)."""
     out: dict[str, list[dict[str, Any]]] = {}
     deaths = dict(zip(f.victims["pod"], f.victims["first_oom_at"], strict=True))
     first_pod = f.victims["pod"].iloc[0]
-    before = t0 - pd.Timedelta(seconds=th.window_s)
     for pod in _pods(f):
-        if pod == first_pod:
-            continue
         p = f.pressure[f.pressure["pod"] == pod]
-        until = deaths.get(pod, t0 + pd.Timedelta(seconds=th.window_s))
-        pb = p[(p["time"] >= before) & (p["time"] < t0)]["value"]
-        pa = p[(p["time"] >= t0) & (p["time"] <= until)]
-        if not len(pa):
+        if pod == first_pod or not len(p):
             continue
-        peak = pa.loc[pa["value"].idxmax()]
-        ev = _evidence(f, "gpu_memory", pod)
-        ev = ev[ev["time"] >= t0]
-        src = ev["source"].iloc[0] if len(ev) else f"series: pressure of {pod}"
-        start = f"{pb.max():.0%}" if len(pb) else "no reading"
-        end = "before it died" if pod in deaths else f"in the {th.window_s:.0f} s after"
-        text = f"pod {pod} {peak['detail']} {start} → {peak['value']:.0%} at "
-        text += f"{hms(peak['time'])} {end}"
-        out[pod] = [_link("pressure on a survivor", peak["time"], text, src)]
+        until = deaths.get(pod, t0 + pd.Timedelta(seconds=th.window_s))
+        climb = _climb_lines(f, pod, str(p["detail"].iloc[-1]), t0, until, th)
+        climb = climb or _climb_series(p, pod, t0, until, th, f.bucket_s)
+        if climb is not None:
+            text, when, sources = climb
+            end = "before it died" if pod in deaths else f"in the {th.window_s:.0f} s after"
+            out[pod] = [_link("pressure on a survivor", when, f"{text} {end}", sources)]
     return out
+
+
+Climb = tuple[str, pd.Timestamp, list[str]]  # text, the time of its peak, its sources
+
+
+def _climb_lines(
+    f: Frames, pod: str, detail: str, t0: pd.Timestamp, until: pd.Timestamp, th: Thresholds
+) -> Climb | None:
+    """Return the climb of ``pod``'s ``detail`` (its series' measure) in its recorded lines
+    (``gpu_memory`` evidence, ``citations.reading``): from its latest line in the ``window_s``
+    before ``t0`` (else its first after) to its highest from ``t0`` to ``until``, both cited."""
+    ev = _evidence(f, "gpu_memory", pod)
+    ev = ev[(ev["time"] >= t0 - pd.Timedelta(seconds=th.window_s)) & (ev["time"] <= until)]
+    lines = [(r, citations.reading(r.attrs, detail)) for r in ev.itertuples()]
+    read = [(r, v) for r, v in lines if v is not None]
+    after = [(r, v) for r, v in read if r.time >= t0]
+    if not after:
+        return None
+    peak = max(after, key=lambda rv: rv[1])  # the first of equal highs
+    before = [(r, v) for r, v in read if r.time < t0]
+    start = before[-1] if before else after[0]
+    text = f"pod {pod} {detail}"
+    if start[0] is not peak[0]:
+        text += f" {start[1]:.0%} at {hms(start[0].time)} →"
+    text += f" {peak[1]:.0%} at {hms(peak[0].time)}"
+    return text, peak[0].time, [peak[0].source, start[0].source]
+
+
+def _climb_series(
+    p: pd.DataFrame, pod: str, t0: pd.Timestamp, until: pd.Timestamp, th: Thresholds, b: float
+) -> Climb | None:
+    """Return the climb in ``pod``'s pressure series ``p`` (buckets of ``b`` s, each its
+    highest reading): the highest in the ``window_s`` before ``t0`` to the highest until
+    ``until``."""
+    pb = p[(p["time"] >= t0 - pd.Timedelta(seconds=th.window_s)) & (p["time"] < t0)]["value"]
+    pa = p[(p["time"] >= t0) & (p["time"] <= until)]
+    if not len(pa):
+        return None
+    peak = pa.loc[pa["value"].idxmax()]
+    start = f"{pb.max():.0%}" if len(pb) else "no reading"
+    text = f"pod {pod} {peak['detail']} {start} → {peak['value']:.0%} (the {b:.0f} s bucket "
+    text += f"from {hms(peak['time'])})"
+    return text, peak["time"], [f"series: pressure of {pod}"]
 
 
 def steps(f: Frames, document: Mapping[str, Any], th: Thresholds) -> list[dict[str, Any]]:
@@ -552,7 +591,14 @@ def action_items(
     f: Frames, document: Mapping[str, Any], th: Thresholds, impact_: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """Return the runbook's remediation and prevention made concrete with this incident's
-    numbers, each with ``owner: TBD``."""
+    numbers, each with ``owner: TBD``.
+
+    The 429 limit is sized from the load balancer's measured requests, not from the runbook
+    step's budget (the capacity left to the survivors during the incident): per window of
+    ``window_s`` (60 s: 12 of the 5 s buckets, sliding by one), served/min = (requests - 5xx
+    - 429) x 60 / ``window_s``; limit = floor(the highest served/min of a window whose 5xx
+    share is at most ``error_ratio``) (``checks.served_limit``).
+    """
     out: list[dict[str, Any]] = []
     workload = document.get("workload", "")
     ceiling = _step_params(document, "lower_batch_ceiling")
@@ -603,16 +649,17 @@ def action_items(
             "(vllm:num_requests_waiting above 0 for 30 s)",
             "series: pressure",
         ) | {"threshold": threshold, "baseline": base})  # fmt: skip
+    return out + _limit_item(f, document, th)
+
+
+def _limit_item(f: Frames, document: Mapping[str, Any], th: Thresholds) -> list[dict[str, Any]]:
+    """Return the standing 429 limit when the runbook planned one (``enable_rate_limit``),
+    sized from the measured requests (``checks.served_limit``); none without a healthy window."""
     shed = _step_params(document, "enable_rate_limit")
-    sized = shed is not None and shed.get("aggregate_budget_rps") != "unknown"
-    if shed and sized and shed.get("aggregate_limit_rpm") is not None:
-        out.append(_item(
-            f"Keep a 429 limit ready at the gateway: {shed['aggregate_limit_rpm']}/min and "
-            f"{shed.get('aggregate_connections')} connections in all",
-            str(shed.get("basis", "")).split("; ", 1)[0],
-            "runbook step enable_rate_limit",
-        ))  # fmt: skip
-    return out
+    sized = checks.served_limit(f.lb, f.bucket_s, th.window_s, th.error_ratio)
+    if shed is None or sized is None:
+        return []
+    return [checks.limit_item(sized, shed, str(document.get("workload")), th.error_ratio)]
 
 
 def _item(title: str, detail: str, source: str) -> dict[str, Any]:
@@ -664,9 +711,17 @@ def summary(document: Mapping[str, Any], impact_: Mapping[str, Any], f: Frames) 
 
 
 def analyse(
-    incident: Mapping[str, Any], document: Mapping[str, Any], f: Frames, th: Thresholds
+    incident: Mapping[str, Any],
+    document: Mapping[str, Any],
+    f: Frames,
+    th: Thresholds,
+    delivery: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return the postmortem's content (JSON values, stable order), without the plots."""
+    """Return the postmortem's content (JSON values, stable order), without the plots.
+
+    ``delivery``: the incident's Slack thread as delivered (``detector.report.outbox``'s
+    ``DeliveryOut`` as JSON; None when nothing was queued), for the first notification.
+    """
     resolved = incident.get("resolved_at")
     imp = impact(f, th, pd.Timestamp(resolved) if resolved else None)
     key, every = timeline(f)
@@ -685,14 +740,23 @@ def analyse(
         },
         "summary": summary(document, imp, f),
         "impact": imp,
-        "detection": detection(f),
+        "detection": detection(f, delivery),
         "causal_chain": causal_chain(f, th),
+        "forecasts": checks.forecasts(f.evidence, f.victims, record_end(f)),
         "steps": steps(f, document, th),
-        "questions": [dict(q) for q in document.get("questions", [])],
+        "questions": citations.questions(f.evidence, document.get("questions", [])),
         "action_items": action_items(f, document, th, imp),
         "timeline": key,
         "timeline_full": every,
     }
+
+
+def record_end(f: Frames) -> pd.Timestamp | None:
+    """Return the end of the incident's record: its last timeline entry or series bucket."""
+    ends = [f.timeline["time"].max() if len(f.timeline) else None]
+    ends.append(f.lb.index.max() + pd.Timedelta(seconds=f.bucket_s) if len(f.lb) else None)
+    found = [e for e in ends if e is not None and not pd.isna(e)]
+    return max(found) if found else None
 
 
 def markers(f: Frames) -> list[tuple[datetime, str, str]]:

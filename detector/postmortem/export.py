@@ -1,10 +1,11 @@
 """The one entry point of the postmortem export, for the CLI and the web app.
 
 ``export_postmortem(session=..., ref=..., fmt=..., settings=...)`` reads the incident through
-the read model (``detector.report``), analyses it (``analysis``), draws its plots (``plots``)
-and writes it (``render``). ``ref`` is an incident key or id; or, for a "not this pattern"
-verdict, the workload it names (``namespace/name``, its newest verdict) or ``verdict:ID``:
-that exports a short document saying why it was not a GPU OOM cascade.
+the read model (``detector.report``: the incident, its series, its Slack thread as delivered),
+analyses it (``analysis``), draws its plots (``plots``) and writes it (``render``). ``ref`` is
+an incident key or id; or, for a "not this pattern" verdict, the workload it names
+(``namespace/name``, its newest verdict) or ``verdict:ID``: that exports a short document
+saying why it was not a GPU OOM cascade.
 
 Errors: ``PostmortemError`` (unknown incident or verdict, unknown format); ``StoreError``
 from the store.
@@ -35,6 +36,7 @@ from detector.postmortem.plots import (
 )
 from detector.postmortem.render import FORMATS, MEDIA_TYPES, render
 from detector.report.document import incident_document
+from detector.report.outbox import load_delivery
 from detector.report.read import load_incident
 from detector.report.series import SERIES_BUCKET_S, load_series
 
@@ -82,7 +84,9 @@ def export_postmortem(*, session: Session, ref: str, fmt: str, settings: Setting
     series = pd.DataFrame([r.model_dump() for r in rows], columns=list(SERIES_COLUMNS))
     frames = analysis.frames(inc, series, SERIES_BUCKET_S)
     th = analysis.Thresholds(settings.correlate.error_ratio, settings.correlate.kv_cache_ceiling)
-    content = analysis.analyse(inc, incident_document(inc), frames, th)
+    sent = load_delivery(session=session, incident_id=found.id)
+    delivery = sent.model_dump(mode="json") if sent is not None else None
+    content = analysis.analyse(inc, incident_document(inc), frames, th, delivery)
     marks = analysis.markers(frames)
     if fmt == "json":
         plots = describe(series, marks, bucket_s=SERIES_BUCKET_S)

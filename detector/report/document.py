@@ -19,6 +19,7 @@ from typing import Any
 
 from detector.correlate.unattributed import UnattributedReason
 from detector.incidents.schemas import VerdictOut
+from detector.report.coverage import coverage_document
 from detector.report.schemas import IncidentOut
 from detector.runbooks.definition import Action
 from detector.runbooks.runner import preview_diff
@@ -106,6 +107,7 @@ def incident_document(inc: dict[str, Any]) -> dict[str, Any]:
         "opened_at": inc["opened_at"],
         "pods": [v["pod"] for v in sorted(inc["victims"], key=lambda v: v["position"])],
         "signals": [k for k in CORE_SIGNALS if k in kinds],
+        "coverage": coverage_document(inc.get("coverage"), kinds),
         "steps": [
             {
                 "position": s["position"],

@@ -86,6 +86,35 @@ def state_now(inc: Mapping[str, Any], series: Sequence[Mapping[str, Any]]) -> St
     return StateNow(tuple(sorted(seen)), tuple(sorted(down)), _lb_now(series), readings)
 
 
+def down_spans(inc: Mapping[str, Any]) -> list[tuple[str, datetime, datetime | None]]:
+    """Return each span a pod was down: (pod, death, ready again; None: no start recorded
+    after it), by pod and time.
+
+    Deaths and starts as in the module doc; the deaths of one span (the OOM, then the engine's
+    death a few ms later) fold into its first; the span ends at the first start after it.
+    """
+    events: list[tuple[str, datetime, bool]] = []  # pod, time, True: a death
+    for v in inc["victims"]:
+        events.append((v["pod"], _time(v["first_oom_at"]), True))
+    for e in inc["evidence"]:
+        if e.get("pod") and e["kind"] in DEATHS | STARTS:
+            events.append((e["pod"], _time(e["time"]), e["kind"] in DEATHS))
+    spans: list[tuple[str, datetime, datetime | None]] = []
+    died: tuple[str, datetime] | None = None  # the open span: pod, death
+    for pod, at, death in sorted(events, key=lambda x: (x[0], x[1], not x[2])):
+        if died is not None and died[0] != pod:
+            spans.append((*died, None))
+            died = None
+        if death and died is None:
+            died = (pod, at)
+        elif not death and died is not None:
+            spans.append((*died, at))
+            died = None
+    if died is not None:
+        spans.append((*died, None))
+    return spans
+
+
 def _lb_now(series: Sequence[Mapping[str, Any]]) -> LbNow | None:
     buckets = [s for s in series if s["metric"] in LB_METRICS and not s["label"]]
     if not buckets:

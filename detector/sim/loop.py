@@ -54,7 +54,7 @@ from detector.sim.cluster import SimCluster
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, serving, write_kubeconfig
 from detector.sim.model import Endpoint
-from detector.sim.outcome import ClientOutcome, client_outcome
+from detector.sim.outcome import ClientOutcome, Outcome, client_outcome
 from detector.sim.scenario import Scenario
 
 FINISH_EVERY_S = 5.0  # how often the held incidents' steps are advanced with no new record
@@ -80,8 +80,14 @@ class SimOutcome:
     ``client_requests``, ``client_failed`` (the last attempt failed; shed ones included),
     ``shed_requests`` (the last attempt refused by the gateway itself: 429; 413/400 from an
     admission rule), ``client_unfinished``, ``goodput_tokens_per_s``,
-    ``latency_p50_s``/``latency_p99_s``. Per attempt: ``attempts``, ``attempts_5xx``,
-    ``attempts_429``. ``pods_lost`` counts the replicas that died of GPU OOM at least once
+    ``latency_p50_s``/``latency_p99_s``. Per attempt, over the whole run (the scenario and the
+    run on after it): ``attempts``, ``attempts_5xx``, ``attempts_429``, ``attempts_413``.
+    ``answered_in_span``: the answers the simulator logged in the span of the incident's
+    postmortem (its ``impact.span``: whole load-balancer buckets, ISO 8601): ``responses``,
+    ``answers_5xx`` and ``shed`` (429 and 413), which the postmortem's ``requests``,
+    ``failed_5xx`` and ``shed_429`` count from the streams; they differ from the whole run's
+    by the answers outside the span and the attempts never answered (None without an
+    incident). ``pods_lost`` counts the replicas that died of GPU OOM at least once
     (``victims``: the first pod of each, in order; ``oom_causes``: what each GPU OOM death
     allocated for); ``non_oom_deaths``: faults, liveness kills, failed starts; ``preemptions``:
     vLLM's preemptions and SGLang's retractions over the run. Times are seconds from the first GPU
@@ -116,6 +122,7 @@ class SimOutcome:
     attempts: int
     attempts_5xx: int
     attempts_429: int
+    attempts_413: int
     detect_s: float | None
     contain_s: float | None
     recover_s: float | None
@@ -126,6 +133,7 @@ class SimOutcome:
     actions: list[str] = field(default_factory=list)
     left_in_force: list[str] = field(default_factory=list)
     ran_on_s: float = 0.0
+    answered_in_span: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the outcome as JSON-ready data."""
@@ -333,6 +341,7 @@ def _outcome(
         attempts=o.attempts,
         attempts_5xx=o.attempts_5xx,
         attempts_429=o.attempts_429,
+        attempts_413=o.attempts_413,
         detect_s=milestones.get("cascading"),
         contain_s=since_first(cluster.writes[0][0] if cluster.writes else None),
         recover_s=since_first(o.all_serving_at),
@@ -343,11 +352,24 @@ def _outcome(
         actions=[what for _, what in cluster.writes],
         left_in_force=cluster.in_force(),
         ran_on_s=round(ended - s.duration_s, 1),
+        answered_in_span=_in_span(o, milestones.get("span")),
     )
 
 
+def _in_span(o: Outcome, span: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the answers the simulator logged in a postmortem's ``span`` (ISO 8601 start
+    and end; None: the postmortem has no series)."""
+    if not span or span.get("start") is None or span.get("end") is None:
+        return None
+    start, end = (datetime.fromisoformat(span[k]).timestamp() for k in ("start", "end"))
+    got = o.answered(start, end)
+    return {"start": span["start"], "end": span["end"], "responses": got.responses,
+            "answers_5xx": got.answers_5xx, "shed": got.shed}  # fmt: skip
+
+
 def _milestones(settings: Settings, key: str) -> dict[str, Any]:
-    """Return the incident's stage and its detection milestones' delays from the postmortem."""
+    """Return the incident's stage, its detection milestones' delays and its impact's span
+    from the postmortem."""
     from detector.postmortem.export import export_postmortem  # pandas: not for `detector run`
 
     engine = db.make_engine(settings.database.url)
@@ -359,6 +381,7 @@ def _milestones(settings: Settings, key: str) -> dict[str, Any]:
     doc = json.loads(export.text)
     out: dict[str, Any] = {m["milestone"]: m["delay_s"] for m in doc.get("detection") or []}
     out["stage"] = (doc.get("incident") or {}).get("stage")
+    out["span"] = (doc.get("impact") or {}).get("span")
     return out
 
 

@@ -324,10 +324,8 @@ class Endpoint:
         lb = self.lbs[client.via]
         where = (self.upstream, self.scenario.balancer.host)
         emit.access(lb, t, client.who, answer, tried, *where, length=request_bytes(client))
-        if status == 429:
-            self.outcome.attempts_429 += 1
-        elif status >= 500:
-            self.outcome.attempts_5xx += 1
+        # counted at the time its record carries: the recorder stamps microseconds
+        self.outcome.answer(round((self.recorder.start + t) * 1e6) / 1e6, status)
         self.arrivals.answered(t, client, status, cut=cut, gateway=not tried)
 
     def _finish(self, rid: int) -> _InFlight | None:

@@ -3,9 +3,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from detector.sim.traffic import Client
+
+REFUSALS = frozenset({413, 429})  # the gateway's own answers: its body-size rule, its limit
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The answers the load balancer logged (one access line each) from ``start`` to before
+    ``end`` (Unix seconds, whole seconds): ``responses``, ``answers_5xx`` (500-599) and
+    ``shed`` (the gateway's refusals: 429 from its limit, 413 from its body-size rule)."""
+
+    start: float
+    end: float
+    responses: int
+    answers_5xx: int
+    shed: int
 
 
 @dataclass
@@ -15,7 +31,10 @@ class Outcome:
     ``victims``: the first pod that died of GPU OOM in each replica slot, in order of death
     (a slot counts once however often its pods die again); ``pods_lost`` is their number;
     ``oom_causes``: what each GPU OOM tried to allocate for. ``attempts`` counts every attempt
-    (a retry is one more); ``attempts_5xx`` and ``attempts_429`` their answers.
+    (a retry is one more; one still in flight or queued at the end has no answer yet);
+    ``attempts_5xx``, ``attempts_429`` and ``attempts_413`` their answers. ``answers``: every
+    answer by the whole Unix second it was logged in: [responses, 5xx, shed (413 and 429)], so
+    that any span of whole seconds (a postmortem's buckets) can be counted (``answered``).
     ``all_serving_at``: the offset from which every replica is Ready again after the first OOM,
     to the end (None if never). ``deaths``: every GPU OOM death, repeats included;
     ``non_oom_deaths``: the other crashes (faults, liveness kills, failed starts);
@@ -29,12 +48,34 @@ class Outcome:
     attempts: int = 0
     attempts_5xx: int = 0
     attempts_429: int = 0
+    attempts_413: int = 0
     preemptions: int = 0
     first_oom_at: float | None = None
     all_serving_at: float | None = None
     deaths: int = 0
     non_oom_deaths: int = 0
     victim_slots: set[int] = field(default_factory=set, repr=False)
+    answers: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def answer(self, time: float, status: int) -> None:
+        """Count one answer with HTTP ``status`` logged at ``time`` (Unix seconds)."""
+        if status == 429:
+            self.attempts_429 += 1
+        elif status == 413:
+            self.attempts_413 += 1
+        elif status >= 500:
+            self.attempts_5xx += 1
+        bucket = self.answers.setdefault(math.floor(time), [0, 0, 0])
+        bucket[0] += 1
+        bucket[1] += 500 <= status <= 599
+        bucket[2] += status in REFUSALS
+
+    def answered(self, start: float, end: float) -> Answered:
+        """Return the answers logged from ``start`` to before ``end`` (Unix seconds, whole
+        ones: a postmortem's span is whole buckets of seconds)."""
+        first, last = math.floor(start), math.ceil(end)
+        rows = [v for k, v in self.answers.items() if first <= k < last]
+        return Answered(start, end, *(sum(r[i] for r in rows) for i in range(3)))
 
 
 @dataclass(frozen=True)

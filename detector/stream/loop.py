@@ -31,6 +31,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from detector.config import Settings
+from detector.correlate.coverage import SignalCoverage
+from detector.correlate.identity import WorkloadRef
 from detector.errors import ParseError, StoreError, StreamError
 from detector.events.model import SourcePos
 from detector.pipeline import Parsed, Processor, parse_checked
@@ -50,6 +52,7 @@ MAX_FUTURE_S = 86400.0  # event times further ahead of the wall clock are broken
 # 1 MiB (``message.max.bytes``), and a record that cannot be dead-lettered would stall the
 # stream, its batch failing again and again
 DEAD_LETTER_MAX_BYTES = 512 * 1024
+COVERAGE_EVERY_S = 15.0  # a busy loop exports the signal coverage this often (wall clock)
 SUMMARY_HEAD_BYTES = 4096  # the first bytes a summary keeps, as text
 
 
@@ -126,6 +129,7 @@ class StreamLoop:
         # released records not processed yet: a batch is cut after a record that opened an
         # incident or changed its stage, so that row is committed without waiting for the rest
         self._pending: list[Record] = []
+        self._coverage_due = 0.0  # monotonic time of the next export of the signal coverage
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -240,6 +244,8 @@ class StreamLoop:
         for topic, count in Counter(record.topic for record in records).items():
             m.consumed.labels(topic).inc(count)
         m.open_incidents.set(self.processor.correlator.open_incidents)
+        if time.monotonic() >= self._coverage_due:  # also after each ``finish``
+            self._export_coverage(self.processor.workload_coverage())
         m.held.set(len(self._held))
         m.set_lag(lag)
 
@@ -390,6 +396,14 @@ class StreamLoop:
         self._session.commit()
         self._on_commit()
         self._dirty = False
+        self._export_coverage(self.processor.coverage)
+
+    def _export_coverage(self, coverage: dict[WorkloadRef, list[SignalCoverage]]) -> None:
+        """Export the workloads' signal coverage to ``/metrics`` (open incidents' first)."""
+        workloads = self.processor.correlator.workloads
+        first = [ref for ref, ws in workloads.items() if ws.incident is not None]
+        self.metrics.set_coverage(coverage, first)
+        self._coverage_due = time.monotonic() + COVERAGE_EVERY_S
 
     def _rebuild(self, partition: Partition, committed: Committed | None) -> None:
         if committed is None:  # like auto_offset_reset=earliest

@@ -1,19 +1,29 @@
 """Prometheus metrics of the live loop, in their own registry (nothing global at import).
 
 Scraped from ``http://<host>:<kafka.metrics_port>/metrics`` while ``detector run`` runs.
+The coverage gauges have one series per signal (4) for each workload the correlator holds,
+at most ``COVERAGE_WORKLOADS_MAX`` workloads (those of open incidents first).
 Format: https://prometheus.io/docs/instrumenting/exposition_formats/
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from detector.correlate.coverage import SignalCoverage
+from detector.correlate.identity import WorkloadRef
 from detector.stream.consumer import Partition
+
+# workloads whose coverage is exported: the correlator's (each named by a signal, a named
+# controller kept, a one-pod workload forgotten idle past the window), open incidents first
+COVERAGE_WORKLOADS_MAX = 500
 
 
 class LoopMetrics:
     """Records consumed and rejected, batch latency, consumer lag, offset resets, open
-    incidents."""
+    incidents, and each workload's signal coverage (``set_coverage``)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -52,10 +62,51 @@ class LoopMetrics:
         self.open_incidents = Gauge(
             "detector_open_incidents", "Incidents not yet resolved", registry=self.registry
         )
+        self.signal_seen = Gauge(
+            "detector_workload_signal_seen",
+            "1 when the workload has seen the signal (gpu_oom, crash_loop, lb_errors, "
+            "gpu_memory), else 0",
+            ["workload", "signal"],
+            registry=self.registry,
+        )
+        self.signal_missing = Gauge(
+            "detector_workload_signal_missing",
+            "1 for each signal the workload has not seen, labelled with why: no lines, not "
+            "attributed, other workloads only, format not read",
+            ["workload", "signal", "reason"],
+            registry=self.registry,
+        )
+        self._seen: set[tuple[str, ...]] = set()  # the label sets exported last
+        self._missing: set[tuple[str, ...]] = set()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def set_coverage(
+        self,
+        coverage: Mapping[WorkloadRef, Sequence[SignalCoverage]],
+        first: Sequence[WorkloadRef] = (),
+    ) -> None:
+        """Export each workload's signal coverage (``first``: open incidents' workloads, kept
+        before the others when more than ``COVERAGE_WORKLOADS_MAX`` are held); the series of
+        workloads no longer exported, and of reasons no longer true, are removed."""
+        firsts = set(first)
+        order = [r for r in firsts if r in coverage] + [r for r in coverage if r not in firsts]
+        seen: set[tuple[str, ...]] = set()
+        missing: set[tuple[str, ...]] = set()
+        for ref in order[:COVERAGE_WORKLOADS_MAX]:
+            for c in coverage[ref]:
+                seen.add((ref.label, c.signal))
+                self.signal_seen.labels(ref.label, c.signal).set(1 if c.count else 0)
+                if not c.count:
+                    missing.add((ref.label, c.signal, c.reason))
+                    self.signal_missing.labels(ref.label, c.signal, c.reason).set(1)
+        for labels in self._missing - missing:
+            self.signal_missing.remove(*labels)
+        for labels in self._seen - seen:
+            self.signal_seen.remove(*labels)
+        self._seen, self._missing = seen, missing
 
     def set_lag(self, lag: dict[Partition, int]) -> None:
         """Record the consumer lag per partition."""

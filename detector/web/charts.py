@@ -1,11 +1,24 @@
 """Charts of an incident on one time axis, as geometry the page's template draws in SVG.
 
 Pure: from the incident's time series (``detector.report.series``: ``metric``, ``label``,
-``time``, ``value``, ``detail``) and its markers (deaths, stage changes, steps applied or
-lifted), ``charts`` returns two ``Chart``s over the same time span: the load balancer's
-request, 5xx and 429 rates (per second, from 5 s buckets) and each pod's memory or KV-cache
-pressure (used/total) with the ceiling. Coordinates are numbers; every label goes through the
-template's autoescaping.
+``time``, ``value``, ``detail``), its markers (deaths, stage changes, steps applied or lifted)
+and its pods' down spans (``detector.report.now.down_spans``), ``charts`` returns two
+``Chart``s over the same time span: the load balancer's request, 5xx and 429 rates (per
+second, from 5 s buckets) and the pods' pressure (used/total) with the ceilings.
+
+Pressure is one line per pod and measure, named by the rows' ``detail``: "pod GPU memory"
+(the framebuffer: dcgm-exporter, nvidia-smi, NVML) and "pod KV cache" (the engine's KV-cache
+usage) are different quantities, never merged into one line. A line is drawn in segments
+(``Line.segments``, one SVG polyline each), broken:
+
+- over each span its pod was down: from the death to its first reading after it is ready
+  again. A reading whose bucket starts after the death and ends before the readiness is not
+  drawn; with no readiness recorded after the death, the gap runs to the pod's next reading;
+- wherever two consecutive readings are more than ``MAX_GAP_INTERVALS`` of the line's own
+  interval apart (the median spacing of its readings, at least one bucket): a scrape that
+  stopped is not drawn as a straight line.
+
+Coordinates are numbers; every label goes through the template's autoescaping.
 """
 
 from __future__ import annotations
@@ -13,21 +26,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import pairwise
+from statistics import median
 from typing import Any
+
+from detector.correlate.series import CEILING, GPU_MEMORY, KV_CACHE, PRESSURE
 
 WIDTH, HEIGHT = 960.0, 220.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 28.0
 RATIO = "used / total"
 LB_METRICS = (("requests", "requests/s"), ("errors_5xx", "5xx/s"), ("shed_429", "429/s"))
+MAX_GAP_INTERVALS = 3  # a pressure line breaks where readings are further apart than this
+MEASURE_CSS = {KV_CACHE: "kv-cache", GPU_MEMORY: "gpu-memory"}  # detail -> CSS class
+DownSpan = tuple[str, datetime, datetime | None]  # pod, death, ready again (None: not seen)
 
 
 @dataclass(frozen=True, slots=True)
 class Line:
-    """One series drawn as a polyline: ``points`` is SVG ``x,y`` pairs."""
+    """One series drawn as polylines: each of ``segments`` is SVG ``x,y`` pairs; ``last`` is
+    its latest value. A lone reading is drawn as a 2-unit tick, so that it shows."""
 
     label: str
     css: str
-    points: str
+    segments: tuple[str, ...]
     last: float
 
 
@@ -66,13 +87,16 @@ def charts(
     markers: Iterable[tuple[datetime, str, str]],
     ceiling: float,
     bucket_s: float = 5.0,
+    down: Iterable[DownSpan] = (),
 ) -> list[Chart]:
     """Return the load-balancer chart and the pressure chart on one shared time axis.
 
-    ``series``: rows with ``time`` (datetime), ``metric``, ``label``, ``value``, ``detail``;
-    LB metrics are counts per ``bucket_s`` bucket (drawn as rates per second), ``pressure``
-    is a ratio and ``ceiling`` the ratio it was judged against (drawn as rules). ``markers``:
-    (time, kind, label). ``ceiling``: the configured ceiling, drawn when no series has one.
+    ``series``: rows with ``time`` (datetime, the bucket's start), ``metric``, ``label``,
+    ``value``, ``detail``; LB metrics are counts per ``bucket_s`` bucket (drawn as rates per
+    second), ``pressure`` is a ratio and ``ceiling`` the ratio it was judged against (drawn as
+    rules). ``markers``: (time, kind, label). ``ceiling``: the configured ceiling, drawn when no
+    series has one. ``down``: (pod, death, ready again or None) spans that break the pod's
+    pressure lines (see the module doc for the rule).
     """
     marks = list(markers)
     times = [r["time"] for r in series] + [m[0] for m in marks]
@@ -84,32 +108,81 @@ def charts(
     for metric, label in LB_METRICS:
         rows = [r for r in series if r["metric"] == metric and not r["label"]]
         if rows:
-            lb.append(
-                (label, metric, [(r["time"].timestamp(), r["value"] / bucket_s) for r in rows])
-            )
-    pressure: list[Raw] = []
-    pods = sorted({r["label"] for r in series if r["metric"] == "pressure"})
-    for n, pod in enumerate(pods):
-        rows = [r for r in series if r["metric"] == "pressure" and r["label"] == pod]
-        detail = rows[-1].get("detail") or "pressure"
-        points = [(r["time"].timestamp(), r["value"]) for r in rows]
-        pressure.append((f"{pod} ({detail})", f"pod{n % 8}", points))
+            pts = [(r["time"].timestamp(), r["value"] / bucket_s) for r in rows]
+            lb.append((label, metric, [pts]))
+    pressure = _pressure(series, list(down), bucket_s)
     found = []
     if lb:
         found.append(_chart("Load balancer", "per second", lb, marks, (t0, t1), 1.0))
     if pressure:
         chart = _chart("Memory / KV-cache pressure", RATIO, pressure, marks, (t0, t1),
                        max(1.0, ceiling))  # fmt: skip
-        # the ceilings the readings were judged against (a pre-reserving engine's reservation
-        # plus margin, per pod), else the configured one
-        judged = sorted({round(r["value"], 3) for r in series if r["metric"] == "ceiling"})
-        for value in judged or [ceiling]:
-            chart.rules.append((_y(value, chart.top), f"ceiling {value:.0%}"))
+        chart.rules = [(_y(value, chart.top), label) for value, label in _rules(series, ceiling)]
         found.append(chart)
     return found
 
 
-Raw = tuple[str, str, list[tuple[float, float]]]  # label, css class, (t, value) points
+Raw = tuple[str, str, list[list[tuple[float, float]]]]  # label, css class, segments of (t, v)
+
+
+def _pressure(
+    series: Sequence[Mapping[str, Any]], down: list[DownSpan], bucket_s: float
+) -> list[Raw]:
+    """Return one line per pod and measure (``detail``), broken as the module doc says."""
+    rows = [r for r in series if r["metric"] == PRESSURE]
+    pods = sorted({r["label"] for r in rows})
+    colour = {pod: f"pod{n % 8}" for n, pod in enumerate(pods)}
+    found: list[Raw] = []
+    for pod, detail in sorted({(r["label"], r.get("detail") or "") for r in rows}):
+        pts = sorted(
+            (r["time"].timestamp(), r["value"])
+            for r in rows
+            if r["label"] == pod and (r.get("detail") or "") == detail
+        )
+        spans = [(d.timestamp(), None if up is None else up.timestamp())
+                 for p, d, up in down if p == pod]  # fmt: skip
+        segments = _segments(pts, spans, bucket_s)
+        if segments:
+            css = " ".join(filter(None, (colour[pod], MEASURE_CSS.get(detail))))
+            found.append((f"{pod} {detail or 'pressure'}", css, segments))
+    return found
+
+
+def _segments(
+    pts: list[tuple[float, float]], spans: list[tuple[float, float | None]], bucket_s: float
+) -> list[list[tuple[float, float]]]:
+    """Split one line's (bucket start, value) points, in time order, at its pod's down spans
+    (death, ready again or None) and at gaps over ``MAX_GAP_INTERVALS`` intervals."""
+    kept = [
+        (t, v) for t, v in pts
+        if not any(death < t and up is not None and t + bucket_s <= up for death, up in spans)
+    ]  # fmt: skip
+    deaths = [death for death, _ in spans]
+    pairs = list(pairwise(kept))
+    died = [any(a[0] <= d < b[0] for d in deaths) for a, b in pairs]
+    steps = [b[0] - a[0] for (a, b), dead in zip(pairs, died, strict=True) if not dead]
+    max_gap_s = MAX_GAP_INTERVALS * max(bucket_s, median(steps) if steps else bucket_s)
+    found: list[list[tuple[float, float]]] = [kept[:1]] if kept else []
+    for (a, b), dead in zip(pairs, died, strict=True):
+        if dead or b[0] - a[0] > max_gap_s:
+            found.append([])
+        found[-1].append(b)
+    return found
+
+
+def _rules(series: Sequence[Mapping[str, Any]], ceiling: float) -> list[tuple[float, str]]:
+    """Return (value, label) of the ceilings the readings were judged against (a pre-reserving
+    engine's reservation plus margin, per pod), named by their measures ("KV cache ceiling
+    95%"); with none in ``series``, the configured ``ceiling``."""
+    measures: dict[float, set[str]] = {}
+    for r in series:
+        if r["metric"] == CEILING:
+            measures.setdefault(round(r["value"], 3), set()).add(r.get("detail") or "")
+    found = []
+    for value, details in sorted(measures.items()) or [(ceiling, set())]:
+        named = " / ".join(sorted(d for d in details if d))
+        found.append((value, f"{named} ceiling {value:.0%}".lstrip()))
+    return found
 
 
 def _chart(
@@ -122,11 +195,11 @@ def _chart(
 ) -> Chart:
     """Scale ``raw`` lines and ``marks`` into one panel over ``span`` (Unix seconds)."""
     t0, t1 = span
-    top = _nice(max([floor, *(v for _, _, pts in raw for _, v in pts)]))
+    top = _nice(max([floor, *(v for _, _, segs in raw for pts in segs for _, v in pts)]))
     chart = Chart(title, unit, top=top)
-    for label, css, pts in raw:
-        xy = " ".join(f"{_x(t, t0, t1):.1f},{_y(v, top):.1f}" for t, v in pts)
-        chart.lines.append(Line(label, css, xy, pts[-1][1]))
+    for label, css, segments in raw:
+        xy = tuple(_polyline(seg, t0, t1, top) for seg in segments)
+        chart.lines.append(Line(label, css, xy, segments[-1][-1][1]))
     chart.markers = [Marker(_x(w.timestamp(), t0, t1), kind, label) for w, kind, label in marks]
     percent = unit == RATIO
     chart.y_ticks = [
@@ -139,6 +212,15 @@ def _chart(
         for k in range(7)
     ]
     return chart
+
+
+def _polyline(pts: list[tuple[float, float]], t0: float, t1: float, top: float) -> str:
+    """Return ``pts`` as SVG ``x,y`` pairs; a lone point as a 2-unit tick (a polyline of one
+    point draws nothing)."""
+    xy = [(_x(t, t0, t1), _y(v, top)) for t, v in pts]
+    if len(xy) == 1:
+        xy = [(xy[0][0] - 1, xy[0][1]), (xy[0][0] + 1, xy[0][1])]
+    return " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
 
 
 def _x(t: float, t0: float, t1: float) -> float:

@@ -32,6 +32,7 @@ from detector.postmortem.render import FORMATS
 from detector.report.dead_letters import load_dead_letters
 from detector.report.document import decidable, past_expiry
 from detector.report.listing import list_incidents
+from detector.report.now import down_spans
 from detector.runbooks.flows import DecisionKind, DecisionRequest
 from detector.textsafe import printable
 from detector.web import sessions
@@ -260,6 +261,7 @@ def incident(
             _markers(view),
             settings.correlate.kv_cache_ceiling,
             view["series_bucket_s"],
+            down_spans(view),
         ),
         "steps": steps,
         "waiting": [st for st in steps if st["waiting"]],

@@ -77,7 +77,7 @@ def test_approve_then_replay_restarts_one_pod_at_a_time(tmp_path: Path) -> None:
     assert restart["approval_state"]["decided_by"] == "alice"
     assert restart["approval_state"]["via"] == "cli"
     assert restart["state"] in ("verifying", "verified") and restart["mode"] == "dry_run"
-    details = [t["detail"] for t in again["timeline"] if t.get("detail")]
+    details = [t["detail"] for t in again["timeline"] if t["kind"] == "step" and t.get("detail")]
     restarts = [d for d in details if d["event"] == "restarted"]
     assert restarts and all('"kind": "Eviction"' in d["diff"] for d in restarts)
     assert len({d["diff"] for d in restarts}) == len(restarts)  # one pod each

@@ -188,7 +188,8 @@ def test_every_step_shows_its_change_approval_and_verification(demo: dict[str, A
 
 def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str, Any]) -> None:
     inc = demo["incidents"][0]
-    details = [t["detail"] for t in inc["timeline"] if "detail" in t]
+    steps = [t for t in inc["timeline"] if t["kind"] == "step" and "detail" in t]
+    details = [t["detail"] for t in steps]
     events = [(d["step"], d["event"]) for d in details]
     assert events[:9] == [
         ("quarantine_requests", "not_needed"),  # not for this mechanism (load)
@@ -212,5 +213,20 @@ def test_the_timeline_records_each_transition_with_actor_and_diff(demo: dict[str
     asked = details[5]
     assert "restart vllm-llama-" in asked["reason"] and "one at a time" in asked["reason"]
     assert asked["approval"]["status"] == "pending"
-    messages = [t["message"] for t in inc["timeline"] if "detail" in t]
+    messages = [t["message"] for t in steps]
     assert "would be applied [dry-run: nothing changed; the detector runs with" in messages[3]
+
+
+def test_a_dry_run_cascade_was_contained_by_its_pods_not_by_containment(
+    demo: dict[str, Any],
+) -> None:
+    """Every step of the replay ran in dry-run: nothing changed the cluster, so ``contained``
+    says the pods recovered by themselves (``detector.report.recovery``)."""
+    inc = demo["incidents"][0]
+    (contained,) = [t for t in inc["timeline"] if t["message"].startswith("stage -> contained")]
+    assert contained["message"].endswith(
+        "; the pods recovered by themselves (no step changed the cluster; dry-run)"
+    )
+    recovery = contained["detail"]
+    assert recovery["recovered_by"] == "pods" and recovery["steps"] == []
+    assert recovery["dry_run_steps"] == [{"position": 3, "step": "enable_rate_limit"}]

@@ -51,6 +51,12 @@ def test_an_armed_replay_makes_nginx_answer_429(nginx: RunningNginx, tmp_path: P
     rate = next(s for s in incident["steps"] if s["action"] == "enable_rate_limit")
     entries = [t["message"] for t in incident["timeline"] if "enable_rate_limit" in t["message"]]
     assert rate["status"] != "dry_run", entries
+    # the limit was in force when the errors stopped: containment, not the pods alone, did it
+    (contained,) = [
+        t for t in incident["timeline"] if t["message"].startswith("stage -> contained")
+    ]
+    assert contained["detail"]["recovered_by"] == "containment", contained
+    assert contained["message"].endswith("containment did it (step 3 enable_rate_limit applied)")
     # at once, as clients do: the limit queues what its burst holds (limit_req without nodelay,
     # served at the rate) and answers 429 beyond it; a sequential burst would only be slowed
     with ThreadPoolExecutor(BURST_N) as pool:

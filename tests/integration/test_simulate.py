@@ -6,8 +6,9 @@ numbers of each run are deterministic; bench/bench_outcome.py measures them over
 the README reports them, wins and losses alike): without containment the default cascade
 takes at least two pods and is seen as cascading; with containment the real actuators' writes
 reach the stand-ins and change the model; the outcome is counted per client request, each
-mode on the same arrivals; ``detector simulate --record`` writes streams that ``detector
-replay`` reads to the same incident.
+mode on the same arrivals; a kept run's postmortem counts what the simulator answered in its
+span; ``detector simulate --record`` writes streams that ``detector replay`` reads to the same
+incident.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from detector.config import Settings
 from detector.sim.cluster import SimCluster, engine_args
 from detector.sim.gateway import NginxStandIn
 from detector.sim.kube_api import KubeStandIn, Recorded
-from detector.sim.loop import Containment, SimOutcome, simulate
+from detector.sim.loop import STORE, Containment, SimOutcome, simulate
 from detector.sim.model import Endpoint
 from detector.sim.scenario import load_scenario
 from detector.sim.traffic import GatewayLimit
@@ -40,10 +41,19 @@ KEYS = {
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[Containment, SimOutcome]:
+def kept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the folder that keeps each mode's store (``simulate --keep``), by mode."""
+    return tmp_path_factory.mktemp("kept")
+
+
+@pytest.fixture(scope="module")
+def outcomes(kept: Path) -> dict[Containment, SimOutcome]:
     """Run the default scenario once per containment mode (about 15 s each)."""
     scenario = load_scenario("default")
-    return {m: simulate(scenario, Settings(), mode=m, seed=SEED) for m in Containment}
+    return {
+        m: simulate(scenario, Settings(), mode=m, seed=SEED, workdir=kept / m.value)
+        for m in Containment
+    }
 
 
 def test_without_containment_the_default_cascade_loses_pods_and_is_seen(
@@ -76,6 +86,36 @@ def test_containment_reaches_the_cluster(
     assert contained.actions[0].startswith("nginx: client_max_body_size"), contained.actions
     assert contained.contain_s is not None and contained.contain_s < 5
     assert contained.left_in_force == [] and contained.stage == "resolved"
+
+
+@pytest.mark.parametrize(
+    ("mode", "by"), [(Containment.ON, "containment"), (Containment.OFF, "pods")]
+)
+def test_a_kept_runs_postmortem_counts_what_the_simulator_answered_in_its_span(
+    outcomes: dict[Containment, SimOutcome], kept: Path, mode: Containment, by: str
+) -> None:
+    """The postmortem counts the access lines of its span; the simulator counts its own
+    answers in that span (``answered_in_span``): the same figures. On: the 413s of the
+    gateway's body-size rule are shed, as the 429s would be; off: the 5xx of a cascade left
+    alone, an nginx error-log line no second response. And ``contained`` says who did it: the
+    applied quarantine (on), or the pods by themselves (off: dry-run)."""
+    outcome = outcomes[mode]
+    assert outcome.incident is not None
+    url = f"sqlite:///{kept / mode.value / STORE}"
+    doc = json.loads(_cli("postmortem", outcome.incident, "-f", "json", "--db", url).stdout)
+    impact, ours = doc["impact"], outcome.answered_in_span
+    assert ours is not None and (ours["start"], ours["end"]) == (
+        impact["span"]["start"],
+        impact["span"]["end"],
+    )
+    counted = (impact["requests"], impact["failed_5xx"], impact["shed_429"])
+    assert counted == (ours["responses"], ours["answers_5xx"], ours["shed"])
+    # the whole run's attempts hold these answers, and those outside the span or unanswered
+    assert outcome.attempts >= ours["responses"] and outcome.attempts_5xx >= ours["answers_5xx"]
+    assert outcome.attempts_429 + outcome.attempts_413 >= ours["shed"]
+    if mode is Containment.ON:
+        assert ours["shed"] == outcome.attempts_413 > 0 and outcome.attempts_429 == 0
+    assert impact["recovered_by"] == by and impact["recovery"].startswith("contained")
 
 
 # -- the stand-in's writes reach the model ----------------------------------------------------

@@ -221,6 +221,19 @@ def test_correlator_counts_a_counters_increase_not_its_total() -> None:
     assert (ERRORS_5XX, 0) not in values  # the first sample sets the baseline
 
 
+def test_an_nginx_error_log_line_is_no_second_response() -> None:
+    """nginx logs an access line for every request, the failed ones too; the error-log line
+    of an upstream failure tells of the same request (or of one another upstream served)."""
+    corr = Correlator(CorrelateSettings())
+    corr.observe(lb(1.0, 504, error_log=True, error="upstream_timed_out"))
+    corr.observe(lb(1.0, 504))  # the access line of the same request
+    corr.observe(lb(2.0, 502, error_log=True, error="connect_failed"))
+    corr.observe(lb(2.0, 200))  # the next upstream answered
+    (ref,) = corr.series_book.workloads
+    values = lb_values(corr.series_book.points(ref, T0))
+    assert (values[(REQUESTS, 0)], values[(ERRORS_5XX, 0)]) == (2, 1)
+
+
 def gpu(t: float, pod: str, used_gib: int, total_gib: int = 80) -> Signal:
     return sig(K.GPU_MEMORY, t, pod, used_bytes=used_gib << 30, total_bytes=total_gib << 30,
                uuid=f"GPU-{pod}")  # fmt: skip

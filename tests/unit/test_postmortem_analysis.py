@@ -214,7 +214,9 @@ def test_detection_delays_from_the_first_oom() -> None:
     assert found["cascading"]["delay_s"] == 31.0
     assert found["first human decision"]["delay_s"] == 89.0
     assert found["first action"]["delay_s"] == 90.0
-    assert found["first notification"]["time"] is None
+    assert found["first notification"]["note"] == (
+        "nothing was queued for Slack (notifications were off)"
+    )
 
 
 def test_the_causal_chain_names_figures_and_sources() -> None:
@@ -238,16 +240,75 @@ def test_action_items_carry_this_incidents_numbers_and_an_owner() -> None:
     assert {i["owner"] for i in items} == {"TBD"}
 
 
-def test_no_429_limit_is_advised_from_an_unknown_budget() -> None:
-    """A 429 step planned with no load-balancer line was not sized: its floor is no advice."""
-    frames = analysis.frames(incident(), pd.DataFrame(lb_series(falling())), 5.0)
+def test_the_429_limit_is_sized_from_the_measured_requests_not_the_survivors_budget() -> None:
+    """Issue 24: the item said the runbook's 49/min (the capacity left to the survivors)
+    where the endpoint served far more; it is the most served in a healthy minute."""
+    healthy = [(t, 10, 0, 0) for t in range(0, 60, 5)]  # 120/min served, no 5xx
+    degraded = [(t, 40, 20, 0) for t in range(60, 120, 5)]  # 50% 5xx: 240/min served, unhealthy
+    after = [(t, 15, 1, 0) for t in range(120, 180, 5)]  # 6.7% 5xx: 168/min served, healthy
+    frames = analysis.frames(incident(), pd.DataFrame(lb_series(healthy + degraded + after)), 5.0)
+    doc = document()
+    doc["steps"][0]["params"] = {"aggregate_limit_rpm": 49, "aggregate_connections": 26}
+    (item,) = [i for i in analysis.action_items(frames, doc, TH, {}) if "429" in i["title"]]
+    assert item["title"] == "Keep a 429 limit ready at the gateway: 168/min for ns/w"
+    assert item["sizing"] == {
+        "limit_per_min": 168, "window_s": 60.0, "window_from": iso(120), "share_5xx": 0.067,
+        "peak_per_min": 480, "peak_from": iso(60), "shed_share_at_peak": 0.65,
+    }  # fmt: skip
+    assert "(49/min and 26 connections in this one)" in item["detail"]
+    assert item["source"] == "series: requests, 5xx and 429 at the load balancer"
+
+
+def test_no_429_limit_is_advised_without_a_healthy_minute_of_traffic() -> None:
+    """No load-balancer series, or one degraded throughout: nothing measured to size it by."""
     doc = document()
     keep = "Keep a 429 limit ready at the gateway"
-    known = analysis.analyse(incident(), doc, frames, TH)["action_items"]
-    assert any(i["title"].startswith(keep) for i in known)
-    doc["steps"][0]["params"] = {"aggregate_limit_rpm": 60, "aggregate_budget_rps": "unknown"}
-    unknown = analysis.analyse(incident(), doc, frames, TH)["action_items"]
-    assert not any(i["title"].startswith(keep) for i in unknown)
+    for rows in ([], lb_series(falling())):  # falling(): 15% or more 5xx in every minute
+        frames = analysis.frames(incident(), pd.DataFrame(rows + pressure("p2", 20, 0.5)), 5.0)
+        items = analysis.analyse(incident(), doc, frames, TH)["action_items"]
+        assert not any(i["title"].startswith(keep) for i in items)
+
+
+def test_a_survivors_pressure_cites_the_lines_that_show_it() -> None:
+    """Issue 24: "80% -> 100% at 09:04:35" cited a 09:03:49 line that read 91.0%."""
+    inc = incident()
+    inc["evidence"] += [
+        {"id": 9, "kind": "gpu_memory", "pod": "p2", "time": iso(40), "summary": "queue",
+         "source": "logs:15", "attrs": {"kv_cache_usage": 0.91, "ratio": 1.11}},
+        {"id": 10, "kind": "gpu_memory", "pod": "p2", "time": iso(55), "summary": "kv",
+         "source": "logs:18", "attrs": {"kv_cache_usage": 0.989, "ratio": 0.989}},
+        {"id": 11, "kind": "gpu_memory", "pod": "p2", "time": iso(58), "summary": "kv",
+         "source": "logs:19", "attrs": {"kv_cache_usage": 0.95, "ratio": 0.95}},
+    ]  # fmt: skip
+    rows = lb_series(falling()) + pressure("p2", 20, 0.5) + pressure("p2", 55, 0.999)
+    frames = analysis.frames(inc, pd.DataFrame(rows), 5.0)
+    (link,) = [c for c in analysis.causal_chain(frames, TH) if c["link"].startswith("pressure")]
+    assert link["text"] == "pod p2 KV cache 91% at 09:00:40 → 99% at 09:00:55 before it died"
+    assert (link["time"], link["source"], link["sources"]) == (iso(55), "logs:18",
+                                                                ["logs:18", "logs:15"])  # fmt: skip
+
+
+def test_the_batch_before_cites_the_start_up_line_of_each_setting() -> None:
+    chain = build(falling())["causal_chain"]
+    (batch,) = [c for c in chain if c["link"] == "batch before"]
+    assert batch["sources"] == ["logs:10", "logs:1"]  # the pressure line, then the settings'
+    (shift,) = [c for c in chain if c["link"] == "traffic shift"]
+    assert shift["sources"] == [
+        "series: requests at the load balancer, 08:59:30-09:00:30 and 09:00:30-09:01:30"
+    ]
+
+
+def test_a_question_says_what_its_cited_line_shows() -> None:
+    doc = document() | {"questions": [
+        {"question": "q?", "answer": "41 running; max_model_len 4,096", "evidence": "logs:10"},
+        {"question": "r?", "answer": None, "evidence": None},
+    ]}  # fmt: skip
+    frames = analysis.frames(incident(), pd.DataFrame(lb_series(falling())), 5.0)
+    asked = analysis.analyse(incident(), doc, frames, TH)["questions"]
+    assert [q["evidence_shows"] for q in asked] == [
+        "pod p1 at 09:00:25: 41 requests running, 7 waiting, KV cache 98.0% used",
+        None,
+    ]
 
 
 def test_markdown_escapes_input_that_would_break_a_table_or_open_markup() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from detector.incidents.schemas import TimelineEntryOut
 from detector.notify.slack import mrkdwn
 from detector.notify.slack.blocks import (
     ActionId,
@@ -19,6 +20,7 @@ from detector.notify.slack.blocks import (
     root_message,
 )
 from detector.report.document import incident_document
+from detector.report.recovery import attribute
 
 HOSTILE = "<!channel> <@U123> <http://x|y> & <!subteam^S1> `tick` \x1b[2J \u202e"
 T0 = datetime(2026, 12, 2, 9, 3, 37, tzinfo=UTC)
@@ -233,6 +235,26 @@ def test_resolution_posts_the_durations() -> None:
     )
     reply = reply_message(inc, timeline[3:], "7-4")
     assert "resolved after 8 min 23 s" in "\n".join(_texts(reply.blocks))
+
+
+def test_the_contained_reply_and_root_say_who_contained_it() -> None:
+    """The read model attributes the stage entry (``detector.report.recovery``); the thread's
+    reply and the root message's summary show it as it stands."""
+    applied = {"step": "enable_rate_limit", "position": 3, "event": "applied", "mode": "live",
+               "state": "verifying"}  # fmt: skip
+    entries = [
+        _entry(1, 29, "stage", "stage -> cascading: y") | {"detail": None},
+        _entry(2, 40, "step", "step 3 enable_rate_limit applied [live]") | {"detail": applied},
+        _entry(3, 203, "stage", "stage -> contained: no new GPU OOM for 60 s") | {"detail": None},
+    ]
+    read = attribute([TimelineEntryOut.model_validate(e) for e in entries])
+    timeline = [t.model_dump(mode="json") for t in read]
+    inc = _incident(stage="contained", timeline=timeline)
+    said = "containment did it (step 3 enable_rate_limit applied)"
+    reply = reply_message(inc, timeline[2:], "7-3")
+    assert f"no new GPU OOM for 60 s; {said}" in "\n".join(_texts(reply.blocks))
+    root = root_message(inc, incident_document(inc), Options())
+    assert said in "\n".join(_texts(root.blocks))
 
 
 def test_no_survivor_at_the_ceiling_means_no_risk_line() -> None:

@@ -361,3 +361,24 @@ def test_offsets_that_go_back_are_counted_and_the_state_kept(
     assert source.commits[-1] == {("logs", 0): Committed(50, f"ts={logs[-1].timestamp_ms}")}
     exposition = generate_latest(loop.metrics.registry).decode()
     assert 'detector_offset_resets_total{topic="logs"} 1.0' in exposition
+
+
+def test_metrics_export_each_workloads_signal_coverage(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+) -> None:
+    """The first batch exports the coverage at once; later ones at most every few seconds."""
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 400)
+    lb = records("lb", CASCADE / "lb-access.jsonl", 300)
+    loop.attach(FakeSource([sorted([*logs, *lb], key=lambda r: r.timestamp_ms)]))
+    loop.step()
+    exposition = generate_latest(loop.metrics.registry).decode()
+    seen = 'detector_workload_signal_seen{signal="%s",workload="llm/vllm-llama"} %s'
+    assert seen % ("gpu_oom", "1.0") in exposition
+    assert seen % ("lb_errors", "1.0") in exposition
+    assert seen % ("crash_loop", "0.0") in exposition
+    missing = (
+        'detector_workload_signal_missing{reason="no lines",signal="crash_loop",'
+        'workload="llm/vllm-llama"} 1.0'
+    )
+    assert missing in exposition

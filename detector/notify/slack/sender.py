@@ -3,10 +3,13 @@
 ``SlackSender.drain()`` delivers every incident with something unsent, each under the
 thread's lease (``detector.notify.outbox``): the root message (``chat.postMessage`` with
 metadata carrying the incident key), or its update (``chat.update``) when what it shows
-changed, then the replies in order (``chat.postMessage`` with ``thread_ts``). A message
-attempted before (a crash between the attempt and its mark, a lost answer) is first looked
-for in Slack by its metadata (``conversations.history`` for a root, ``conversations.replies``
-for a reply) so that it is never posted twice.
+changed, then the replies in order (``chat.postMessage`` with ``thread_ts``). It then redraws
+the root message of each incident not resolved that it has not drawn for ``REDRAW_S``: the
+state of now (pods back, the load balancer's rates) changes with nothing to tell in the
+thread, and would otherwise show only with the next reply. A message attempted before (a
+crash between the attempt and its mark, a lost answer) is first looked for in Slack by its
+metadata (``conversations.history`` for a root, ``conversations.replies`` for a reply) so
+that it is never posted twice.
 Web API reference: https://api.slack.com/methods (chat.postMessage, chat.update,
 conversations.history, conversations.replies; ``include_all_metadata`` returns metadata).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from http.client import HTTPException
@@ -46,6 +50,7 @@ from detector.report.series import load_series
 log = logging.getLogger(__name__)
 
 LOOKUP_PAGES = 5  # pages of 200 messages searched for a message attempted before
+REDRAW_S = 10.0  # a root message with nothing new to tell is redrawn this often at most
 
 
 class SlackSender:
@@ -59,16 +64,25 @@ class SlackSender:
         self._base_url = settings.web.base_url
         self._client = client
         self._make_session = make_session
+        self._drawn: dict[int, float] = {}  # incident id -> when its root was last drawn
 
     def drain(self) -> int:
-        """Deliver every incident with an unsent message; raises NotifyError, StoreError.
+        """Deliver every incident with an unsent message, then redraw the root messages due
+        (see the module doc); raises NotifyError, StoreError.
 
         An incident that fails keeps its messages in the outbox; the others still go.
         """
         with self._make_session() as session:
             pending = outbox.pending_incidents(session=session)
+            live = outbox.open_threads(session=session)
+        now = time.monotonic()
+        due = [
+            i
+            for i in live
+            if i not in pending and now - self._drawn.get(i, now - REDRAW_S) >= REDRAW_S
+        ]
         posted, failed = 0, None
-        for incident_id in pending:
+        for incident_id in [*pending, *due]:
             try:
                 posted += self.deliver(incident_id)
             except NotifyError as exc:
@@ -89,6 +103,7 @@ class SlackSender:
                                    coalesce_s=self._slack.coalesce_s)  # fmt: skip
             if delivery is None:
                 return 0  # another sender holds it
+            self._drawn[incident_id] = time.monotonic()
             try:
                 posted = self._deliver(session, delivery)
             except NotifyError as exc:
