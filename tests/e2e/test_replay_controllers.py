@@ -103,6 +103,9 @@ def test_a_statefulset_cascade_is_the_deployments_incident(
     assert incident["pods"] == [pods[p] for p in deployment["pods"]]
     assert incident["signals"] == deployment["signals"]
     assert "lb_errors" in incident["signals"]
+    assert [c["signal"] for c in incident["coverage"] if c["seen"]] == [
+        "gpu_oom", "crash_loop", "lb_errors", "gpu_memory"
+    ]  # fmt: skip
     assert not [v for v in doc["verdicts"] if "failing upstream" in v["reason"]]
     budget = step(incident, "enable_rate_limit")["params"]["aggregate_budget_rps"]
     assert budget == step(deployment, "enable_rate_limit")["params"]["aggregate_budget_rps"]
@@ -125,5 +128,7 @@ def test_without_the_access_log_no_step_acts_on_an_unknown_budget(tmp_path: Path
     (only,) = shed_moves  # never approved, asked for, applied or lifted: passed over
     assert only[0] == "not_needed" and only[1].startswith("not sized, nothing applied")
     assert shed["state"] == "not_needed"
+    lb = next(c for c in incident["coverage"] if c["signal"] == "lb_errors")
+    assert (lb["seen"], lb["reason"]) == (False, "no lines")  # the coverage names it
     # the turn went on: the restarts were asked for
     assert ("stagger_restarts", "approval_requested") in [(s, e) for s, e, _ in moves]

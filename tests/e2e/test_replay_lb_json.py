@@ -69,6 +69,10 @@ def test_json_access_log_finds_the_same_incident(
     for key in ("key", "workload", "stage", "pods", "signals"):
         assert inc_after[key] == inc_before[key], key
     assert "lb_errors" in inc_after["signals"]
+    assert inc_after["coverage"] == inc_before["coverage"]  # the four signals, each seen
+    assert [c["signal"] for c in inc_after["coverage"] if c["seen"]] == [
+        "gpu_oom", "crash_loop", "lb_errors", "gpu_memory"
+    ]  # fmt: skip
     evidence = _lb_errors(result)
     assert evidence and evidence == _lb_errors(original)
     assert [t["message"] for t in inc_after["timeline"]] == [
