@@ -683,7 +683,11 @@ def timeline(f: Frames) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def summary(document: Mapping[str, Any], impact_: Mapping[str, Any], f: Frames) -> str:
-    """Return three sentences: the workload, the duration, the outcome."""
+    """Return three sentences: the workload, the duration, the outcome.
+
+    The shed requests are the series' ``shed_429``, which counts the gateway's 429 (its rate
+    limit) and 413 (its admission rule) together (``SHED_STATUSES``): named as both.
+    """
     start = first_oom(f)
     n = len(f.victims)
     stage = document.get("stage")
@@ -695,7 +699,7 @@ def summary(document: Mapping[str, Any], impact_: Mapping[str, Any], f: Frames) 
     two = (
         f"The endpoint was degraded for {duration(impact_['degraded_s'])} and down for "
         f"{duration(impact_['down_s'])}: {impact_['failed_5xx']:,} requests failed with 5xx "
-        f"and {impact_['shed_429']:,} were shed with 429."
+        f"and {impact_['shed_429']:,} were shed at the gateway (429/413)."
     )
     ttr = impact_.get("time_to_recover_s")
     modes = [s.get("mode") for s in document.get("steps", [])]

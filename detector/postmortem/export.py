@@ -36,6 +36,7 @@ from detector.postmortem.plots import (
 )
 from detector.postmortem.render import FORMATS, MEDIA_TYPES, render
 from detector.report.document import incident_document
+from detector.report.now import down_spans
 from detector.report.outbox import load_delivery
 from detector.report.read import load_incident
 from detector.report.series import SERIES_BUCKET_S, load_series
@@ -87,14 +88,14 @@ def export_postmortem(*, session: Session, ref: str, fmt: str, settings: Setting
     sent = load_delivery(session=session, incident_id=found.id)
     delivery = sent.model_dump(mode="json") if sent is not None else None
     content = analysis.analyse(inc, incident_document(inc), frames, th, delivery)
-    marks = analysis.markers(frames)
+    marks, down = analysis.markers(frames), down_spans(inc)
     if fmt == "json":
-        plots = describe(series, marks, bucket_s=SERIES_BUCKET_S)
+        plots = describe(series, marks, down, bucket_s=SERIES_BUCKET_S)
         return _export(content, fmt, f"postmortem-{found.id}", (), plots)
     with _DRAWING:
         svgs = (
             (TRAFFIC_FILE, traffic_plot(series, marks, bucket_s=SERIES_BUCKET_S)),
-            (PRESSURE_FILE, pressure_plot(series, marks)),
+            (PRESSURE_FILE, pressure_plot(series, marks, down, bucket_s=SERIES_BUCKET_S)),
         )
     return _export(content, fmt, f"postmortem-{found.id}", svgs)
 

@@ -7,9 +7,14 @@ From the same frame the analysis uses: ``series`` has one row per bucket and ser
 - ``requests``, ``errors_5xx``, ``shed_429``: responses per ``bucket_s`` bucket at the load
   balancer, label ``""``; drawn as rates per second (value / ``bucket_s``);
 - ``pressure``: per pod (label), the highest used/total ratio of the bucket, detail
-  ``KV cache`` or ``GPU memory``; ``ceiling``: the ratio it was judged against. Drawn as %.
+  ``KV cache`` or ``GPU memory``; ``ceiling``: the ratio it was judged against. Drawn as %,
+  one line per pod and measure (a pod's colour; GPU memory dashed), in segments broken while
+  the pod was down and where its readings stopped: ``detector.report.pressure``'s rule, the
+  one the web page's chart draws by.
 
-``markers`` are ``(time, kind, label)`` with kind ``death``, ``stage`` or ``step``.
+``markers`` are ``(time, kind, label)`` with kind ``death``, ``stage`` or ``step``; ``down``
+the incident's down spans ``(pod, death, ready again or None)``
+(``detector.report.now.down_spans``).
 
 Determinism: the same input gives the same bytes. Every figure is a ``matplotlib.figure.Figure``
 (no pyplot, no global figure registry), drawn under matplotlib's default style with fixed
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
@@ -42,11 +47,13 @@ from matplotlib.figure import Figure
 from detector.correlate.series import (
     CEILING,
     ERRORS_5XX,
+    GPU_MEMORY,
     PRESSURE,
     REQUESTS,
     SERIES_BUCKET_S,
     SHED_429,
 )
+from detector.report.pressure import DownSpan, pressure_lines
 from detector.textsafe import printable
 
 __all__ = [
@@ -81,6 +88,8 @@ _MARKS: Final = {
     "step": ("step applied/lifted", "#2ca02c", "-."),
 }
 _POD_COLOURS: Final = ("#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+_LineStyle = str | tuple[int, tuple[int, int]]  # matplotlib's: "-", or (offset, (on, off))
+_GPU_MEMORY_DASHES: Final[_LineStyle] = (0, (6, 3))  # as the web chart's gpu-memory line
 _SIZE_IN: Final = (10.0, 4.0)  # inches
 _EMPTY_SIZE_IN: Final = (5.0, 1.2)
 _DPI: Final = 100
@@ -101,47 +110,59 @@ def traffic_plot(
     with _style():
         fig, ax = _figure(TRAFFIC_TITLE, "per second")
         for line in lines:
-            ax.plot(line.times, line.values, label=line.name, color=line.colour, linewidth=1.4)
+            _draw_line(ax, line)
         _draw_markers(ax, markers)
         ax.set_ylim(bottom=0)
         return _finish(fig, ax)
 
 
-def pressure_plot(series: pd.DataFrame, markers: Sequence[Marker]) -> str:
+def pressure_plot(
+    series: pd.DataFrame,
+    markers: Sequence[Marker],
+    down: Iterable[DownSpan] = (),
+    *,
+    bucket_s: float = SERIES_BUCKET_S,
+) -> str:
     """Return SVG text of each pod's pressure (used/total, %) with its ceilings and the deaths.
 
-    One line per pod, labelled ``pod (KV cache|GPU memory)``; one dashed horizontal line per
-    distinct ``ceiling`` value (to 0.1 %). Only ``death`` markers are drawn. A frame without
-    pressure rows gives a small SVG saying "no data recorded".
+    One line per pod and measure, labelled ``pod (KV cache|GPU memory)`` and broken over the
+    ``down`` spans and the gaps in its readings (module docstring); one dashed horizontal line
+    per distinct ``ceiling`` value (to 0.1 %). Only ``death`` markers are drawn. A frame
+    without pressure rows gives a small SVG saying "no data recorded".
     """
-    lines = _pressure_lines(series)
+    lines = _pressure_lines(series, down, bucket_s)
     if not lines:
         return _no_data(PRESSURE_TITLE)
     with _style():
         fig, ax = _figure(PRESSURE_TITLE, "used / total (%)")
         for line in lines:
-            ax.plot(line.times, line.values, label=line.name, color=line.colour, linewidth=1.4)
+            _draw_line(ax, line)
         for percent in _ceilings(series):
             ax.axhline(percent, color="#000000", linestyle="--", linewidth=1.0,
                        label=f"ceiling {percent:g}%")  # fmt: skip
         _draw_markers(ax, [m for m in markers if m[1] == "death"])
-        top = max([100.0, *_ceilings(series), *(float(line.values.max()) for line in lines)])
+        top = max([100.0, *_ceilings(series), *(float(line.values().max()) for line in lines)])
         ax.set_ylim(0, top * 1.05)
         return _finish(fig, ax)
 
 
 def describe(
-    series: pd.DataFrame, markers: Sequence[Marker], *, bucket_s: float = SERIES_BUCKET_S
+    series: pd.DataFrame,
+    markers: Sequence[Marker],
+    down: Iterable[DownSpan] = (),
+    *,
+    bucket_s: float = SERIES_BUCKET_S,
 ) -> list[dict[str, Any]]:
     """Return a machine description of both plots for the JSON export.
 
     One dict per plot: ``title``, ``file`` (``traffic.svg``, ``pressure.svg``), ``unit``,
-    ``series`` (``name``, ``metric``, ``label``, ``detail``, ``points``, ``min``, ``max`` in the
-    unit drawn), ``markers`` (how many drawn) and, for pressure, ``ceilings`` (%): what
-    ``traffic_plot`` (with the same ``bucket_s``) and ``pressure_plot`` draw.
+    ``series`` (``name``, ``metric``, ``label``, ``detail``, ``points``, ``segments`` (the
+    pieces it is drawn in), ``min``, ``max`` in the unit drawn), ``markers`` (how many drawn)
+    and, for pressure, ``ceilings`` (%): what ``traffic_plot`` and ``pressure_plot`` draw with
+    the same ``down`` and ``bucket_s``.
     """
     traffic = [_series_info(line) for line in _traffic_lines(series, bucket_s)]
-    pressure = [_series_info(line) for line in _pressure_lines(series)]
+    pressure = [_series_info(line) for line in _pressure_lines(series, down, bucket_s)]
     return [
         {"title": TRAFFIC_TITLE, "file": TRAFFIC_FILE, "unit": "per second",
          "series": traffic, "markers": len(markers) if traffic else 0},
@@ -155,15 +176,20 @@ def describe(
 
 
 class _Line(NamedTuple):
-    """One series as drawn: times (naive UTC ``datetime64``) and values in the plot's unit."""
+    """One series as drawn: ``segments`` of (times as naive UTC ``datetime64``, values in the
+    plot's unit), each one polyline; ``dashes`` a matplotlib line style."""
 
     name: str
     metric: str
     label: str
     detail: str
     colour: str
-    times: np.ndarray
-    values: np.ndarray
+    segments: tuple[tuple[np.ndarray, np.ndarray], ...]
+    dashes: _LineStyle = "-"
+
+    def values(self) -> np.ndarray:
+        """Return every value drawn, in time order."""
+        return np.concatenate([values for _, values in self.segments])
 
 
 def _traffic_lines(series: pd.DataFrame, bucket_s: float) -> list[_Line]:
@@ -175,23 +201,32 @@ def _traffic_lines(series: pd.DataFrame, bucket_s: float) -> list[_Line]:
         rows = _sorted(series[(series["metric"] == metric) & (series["label"] == "")])
         if len(rows):
             values = rows["value"].to_numpy(dtype=float) / bucket_s
-            found.append(_Line(name, metric, "", "", colour, _times(rows["time"]), values))
+            segment = (_times(rows["time"]), values)
+            found.append(_Line(name, metric, "", "", colour, (segment,)))
     return found
 
 
-def _pressure_lines(series: pd.DataFrame) -> list[_Line]:
-    """Return one line of pressure (%) per pod, named ``pod (detail)``, pods in name order."""
+def _pressure_lines(series: pd.DataFrame, down: Iterable[DownSpan], bucket_s: float) -> list[_Line]:
+    """Return one line of pressure (%) per pod and measure, named ``pod (detail)``, by pod
+    then measure; a pod keeps its colour across measures."""
     if not len(series):
         return []
     rows = series[series["metric"] == PRESSURE]
+    details = [d if isinstance(d, str) else "" for d in rows["detail"]]
+    times = pd.to_datetime(rows["time"], utc=True)  # a naive time is UTC
+    readings = zip(rows["label"].astype(str), details, times, rows["value"], strict=True)
+    pods = sorted({str(p) for p in rows["label"]})
     found = []
-    for n, pod in enumerate(sorted({str(p) for p in rows["label"]})):
-        mine = _sorted(rows[rows["label"] == pod])
-        detail = str(mine["detail"].iloc[-1]) or "pressure"
-        name = _legend(f"{printable(pod, one_line=True)} ({printable(detail, one_line=True)})")
-        colour = _POD_COLOURS[n % len(_POD_COLOURS)]
-        values = mine["value"].to_numpy(dtype=float) * 100.0
-        found.append(_Line(name, PRESSURE, pod, detail, colour, _times(mine["time"]), values))
+    for line in pressure_lines(readings, down, bucket_s):
+        detail = line.detail or "pressure"
+        name = _legend(f"{printable(line.pod, one_line=True)} ({printable(detail, one_line=True)})")
+        colour = _POD_COLOURS[pods.index(line.pod) % len(_POD_COLOURS)]
+        segments = tuple(
+            (_times(pd.Series([t for t, _ in seg])), np.array([v * 100.0 for _, v in seg]))
+            for seg in line.segments
+        )
+        dashes = _GPU_MEMORY_DASHES if line.detail == GPU_MEMORY else "-"
+        found.append(_Line(name, PRESSURE, line.pod, line.detail, colour, segments, dashes))
     return found
 
 
@@ -232,9 +267,10 @@ def _series_info(line: _Line) -> dict[str, Any]:
         "metric": line.metric,
         "label": line.label,
         "detail": line.detail,
-        "points": len(line.values),
-        "min": round(float(line.values.min()), 6),
-        "max": round(float(line.values.max()), 6),
+        "points": len(line.values()),
+        "segments": len(line.segments),
+        "min": round(float(line.values().min()), 6),
+        "max": round(float(line.values().max()), 6),
     }
 
 
@@ -280,6 +316,15 @@ def _figure(title: str, unit: str) -> tuple[Figure, Axes]:
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
     ax.grid(True, color="#e0e0e0", linewidth=0.6)
     return fig, ax
+
+
+def _draw_line(ax: Axes, line: _Line) -> None:
+    """Draw ``line``'s segments, each a polyline (a lone reading a dot); the first carries the
+    legend's entry, so that a line has one however many segments it is drawn in."""
+    for n, (times, values) in enumerate(line.segments):
+        ax.plot(times, values, label=None if n else line.name, color=line.colour,
+                linestyle=line.dashes, linewidth=1.4, marker="o" if len(values) == 1 else "",
+                markersize=3)  # fmt: skip
 
 
 def _draw_markers(ax: Axes, markers: Sequence[Marker]) -> None:

@@ -6,17 +6,10 @@ and its pods' down spans (``detector.report.now.down_spans``), ``charts`` return
 ``Chart``s over the same time span: the load balancer's request, 5xx and 429 rates (per
 second, from 5 s buckets) and the pods' pressure (used/total) with the ceilings.
 
-Pressure is one line per pod and measure, named by the rows' ``detail``: "pod GPU memory"
-(the framebuffer: dcgm-exporter, nvidia-smi, NVML) and "pod KV cache" (the engine's KV-cache
-usage) are different quantities, never merged into one line. A line is drawn in segments
-(``Line.segments``, one SVG polyline each), broken:
-
-- over each span its pod was down: from the death to its first reading after it is ready
-  again. A reading whose bucket starts after the death and ends before the readiness is not
-  drawn; with no readiness recorded after the death, the gap runs to the pod's next reading;
-- wherever two consecutive readings are more than ``MAX_GAP_INTERVALS`` of the line's own
-  interval apart (the median spacing of its readings, at least one bucket): a scrape that
-  stopped is not drawn as a straight line.
+Pressure is one line per pod and measure, named by the rows' ``detail`` ("pod GPU memory",
+"pod KV cache"), drawn in segments (``Line.segments``, one SVG polyline each): broken while
+its pod was down and wherever its readings stopped, by ``detector.report.pressure``'s rule
+(its module doc), which the postmortem's plots share.
 
 Coordinates are numbers; every label goes through the template's autoescaping.
 """
@@ -26,19 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import pairwise
-from statistics import median
 from typing import Any
 
 from detector.correlate.series import CEILING, GPU_MEMORY, KV_CACHE, PRESSURE
+from detector.report.pressure import DownSpan, pressure_lines
 
 WIDTH, HEIGHT = 960.0, 220.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 28.0
 RATIO = "used / total"
 LB_METRICS = (("requests", "requests/s"), ("errors_5xx", "5xx/s"), ("shed_429", "429/s"))
-MAX_GAP_INTERVALS = 3  # a pressure line breaks where readings are further apart than this
 MEASURE_CSS = {KV_CACHE: "kv-cache", GPU_MEMORY: "gpu-memory"}  # detail -> CSS class
-DownSpan = tuple[str, datetime, datetime | None]  # pod, death, ready again (None: not seen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,43 +120,13 @@ def _pressure(
 ) -> list[Raw]:
     """Return one line per pod and measure (``detail``), broken as the module doc says."""
     rows = [r for r in series if r["metric"] == PRESSURE]
-    pods = sorted({r["label"] for r in rows})
-    colour = {pod: f"pod{n % 8}" for n, pod in enumerate(pods)}
+    colour = {pod: f"pod{n % 8}" for n, pod in enumerate(sorted({r["label"] for r in rows}))}
+    readings = ((r["label"], r.get("detail") or "", r["time"], r["value"]) for r in rows)
     found: list[Raw] = []
-    for pod, detail in sorted({(r["label"], r.get("detail") or "") for r in rows}):
-        pts = sorted(
-            (r["time"].timestamp(), r["value"])
-            for r in rows
-            if r["label"] == pod and (r.get("detail") or "") == detail
-        )
-        spans = [(d.timestamp(), None if up is None else up.timestamp())
-                 for p, d, up in down if p == pod]  # fmt: skip
-        segments = _segments(pts, spans, bucket_s)
-        if segments:
-            css = " ".join(filter(None, (colour[pod], MEASURE_CSS.get(detail))))
-            found.append((f"{pod} {detail or 'pressure'}", css, segments))
-    return found
-
-
-def _segments(
-    pts: list[tuple[float, float]], spans: list[tuple[float, float | None]], bucket_s: float
-) -> list[list[tuple[float, float]]]:
-    """Split one line's (bucket start, value) points, in time order, at its pod's down spans
-    (death, ready again or None) and at gaps over ``MAX_GAP_INTERVALS`` intervals."""
-    kept = [
-        (t, v) for t, v in pts
-        if not any(death < t and up is not None and t + bucket_s <= up for death, up in spans)
-    ]  # fmt: skip
-    deaths = [death for death, _ in spans]
-    pairs = list(pairwise(kept))
-    died = [any(a[0] <= d < b[0] for d in deaths) for a, b in pairs]
-    steps = [b[0] - a[0] for (a, b), dead in zip(pairs, died, strict=True) if not dead]
-    max_gap_s = MAX_GAP_INTERVALS * max(bucket_s, median(steps) if steps else bucket_s)
-    found: list[list[tuple[float, float]]] = [kept[:1]] if kept else []
-    for (a, b), dead in zip(pairs, died, strict=True):
-        if dead or b[0] - a[0] > max_gap_s:
-            found.append([])
-        found[-1].append(b)
+    for line in pressure_lines(readings, down, bucket_s):
+        css = " ".join(filter(None, (colour[line.pod], MEASURE_CSS.get(line.detail))))
+        segments = [[(t.timestamp(), v) for t, v in seg] for seg in line.segments]
+        found.append((f"{line.pod} {line.detail or 'pressure'}", css, segments))
     return found
 
 

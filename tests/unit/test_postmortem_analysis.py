@@ -208,6 +208,13 @@ def test_impact_counts_degraded_down_failed_shed_and_the_peak() -> None:
     assert imp["pods_lost"] == 2 and imp["time_to_recover_s"] == 270.0
 
 
+def test_the_summary_names_the_shed_requests_as_the_gateways_429_and_413() -> None:
+    # the series' shed_429 counts the rate limit's 429 and the admission rule's 413 together
+    summary = build([(t, 20, 2, 3) for t in range(0, 240, 5)])["summary"]
+    assert "96 requests failed with 5xx and 144 were shed at the gateway (429/413)." in summary
+    assert "shed with 429" not in summary
+
+
 def test_detection_delays_from_the_first_oom() -> None:
     found = {d["milestone"]: d for d in build(falling())["detection"]}
     assert found["suspected"]["delay_s"] == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
@@ -169,3 +170,88 @@ def test_describe_an_empty_frame() -> None:
 def test_a_character_the_font_lacks_draws_without_a_warning() -> None:
     svg = pressure_plot(frame(["pod-0", "推理-0"]), MARKERS)  # pytest turns warnings into errors
     assert "<!-- 推理-0 (GPU memory) -->" in svg
+
+
+# -- pressure lines: one per pod and measure, broken over a death and a gap in the readings ----
+
+POD = "pod-a"
+POD_COLOUR = "#1f77b4"  # the first pod's
+DEATH_COLOUR = "#d62728"
+DATA_PATH = re.compile(r'<path d="([^"]*)"[^>]*clip-path="[^"]*" style="([^"]*)"')
+
+
+def at(s: float) -> datetime:
+    return START + timedelta(seconds=s)
+
+
+def readings(times: list[float], value: float, detail: str = KV_CACHE) -> list[tuple]:
+    """Return pressure rows of ``POD``, buckets starting ``times`` s after START."""
+    return [(at(s), "pressure", POD, value, detail) for s in times]
+
+
+def drawn(svg: str, colour: str) -> list[tuple[list[float], str]]:
+    """Return the x of each path drawn inside the axes in ``colour``, with its style."""
+    found = []
+    for d, style in DATA_PATH.findall(svg):
+        if f"stroke: {colour}" in style:
+            numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", d)]
+            found.append((numbers[0::2], style))
+    return found
+
+
+def pressure_of(rows: list[tuple], down: list = ()) -> tuple[str, list[dict]]:
+    """Return the pressure plot of ``rows`` with a death marker per span of ``down``, and the
+    pressure series ``describe`` gives for the same input."""
+    series = pd.DataFrame(rows, columns=COLUMNS)
+    marks = [(death, "death", f"victim #{n}") for n, (_, death, _) in enumerate(down, 1)]
+    _, described = describe(series, marks, down)
+    return pressure_plot(series, marks, down), described["series"]
+
+
+def test_gpu_memory_and_kv_cache_of_one_pod_are_two_lines_under_their_own_names() -> None:
+    # vLLM pre-reserves 90% of VRAM at start (the framebuffer) while its KV cache is 15% used:
+    # the series holds both measures of the same pod, in different buckets
+    rows = readings([0, 15, 30, 45], 0.9, GPU_MEMORY) + readings([5, 20, 35, 50], 0.15)
+    svg, series = pressure_of(rows)
+    assert f"<!-- {POD} (GPU memory) -->" in svg and f"<!-- {POD} (KV cache) -->" in svg
+    assert [(s["name"], s["points"], s["segments"], s["min"], s["max"]) for s in series] == [
+        (f"{POD} (GPU memory)", 4, 1, 90.0, 90.0),
+        (f"{POD} (KV cache)", 4, 1, 15.0, 15.0),
+    ]
+    memory, kv = drawn(svg, POD_COLOUR)  # one colour per pod; GPU memory dashed
+    assert len(memory[0]) == 4 and "stroke-dasharray" in memory[1]
+    assert len(kv[0]) == 4 and "stroke-dasharray" not in kv[1]
+
+
+def test_a_pod_that_died_and_came_back_is_not_drawn_across_its_death() -> None:
+    # every 10 s; died at 52 s, ready again at 131 s; a stale reading at 80 s (its bucket lies
+    # inside the span) is not drawn
+    rows = readings([0, 10, 20, 30, 40, 50], 0.5) + readings([80], 0.0)
+    rows += readings([130, 140, 150, 160, 170, 180, 190], 0.2)
+    svg, series = pressure_of(rows, [(POD, at(52), at(131))])
+    assert [(s["points"], s["segments"]) for s in series] == [(13, 2)]
+    before, after = (xs for xs, _ in drawn(svg, POD_COLOUR))
+    [(death, _)] = drawn(svg, DEATH_COLOUR)
+    assert len(before) == 6 and len(after) == 7
+    assert max(before) < death[0] < min(after)
+
+
+def test_with_no_readiness_recorded_the_break_runs_from_the_death_to_the_next_reading() -> None:
+    svg, series = pressure_of(readings([0, 10, 20, 30, 40, 50], 0.3), [(POD, at(22), None)])
+    assert [len(xs) for xs, _ in drawn(svg, POD_COLOUR)] == [3, 3]
+    assert [(s["points"], s["segments"]) for s in series] == [(6, 2)]
+
+
+def test_readings_further_apart_than_three_intervals_are_not_joined() -> None:
+    # every 10 s, then a 30 s step (3 intervals: joined), then a 60 s hole (broken)
+    svg, _ = pressure_of(readings([0, 10, 20, 30, 60, 70, 80, 140, 150, 160], 0.4))
+    assert [len(xs) for xs, _ in drawn(svg, POD_COLOUR)] == [7, 3]
+
+
+def test_a_lone_reading_between_gaps_is_drawn_as_a_dot_and_the_line_has_one_legend_entry() -> None:
+    svg, series = pressure_of(readings([0, 10, 20, 200, 400, 410, 420], 0.4))
+    assert [len(xs) for xs, _ in drawn(svg, POD_COLOUR)] == [3, 1, 3]
+    lone = re.findall(rf'<use xlink:href="#m[^>]*style="fill: {POD_COLOUR}', svg)
+    assert len(lone) == 1  # the lone reading's dot
+    assert svg.count(f"<!-- {POD} (KV cache) -->") == 1
+    assert [(s["points"], s["segments"]) for s in series] == [(7, 3)]
