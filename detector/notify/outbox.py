@@ -8,9 +8,12 @@ in the store before it calls Slack, and marks what was sent after (``release``);
 by a sender that died runs out, and an attempted message is first looked for in Slack (by the
 key in its metadata) before it is posted again, so nothing is posted twice.
 
-Told entries: the incident opening, stage changes, victims, and every step event but the
-"planned" lines (the root message lists the steps and their state). Evidence lines are not
-told one by one: a storm of them would be hundreds of replies.
+Told entries: the incident opening, stage changes, victims, a person's decision on a step
+(``approval:<step>``, told at once with who, how and when), and every step event but the
+"planned" lines (the root message lists the steps and their state) and the step taking up a
+person's decision (``approved``, ``denied``: the decision was told when it was made; what the
+step then does is told). Evidence lines are not told one by one: a storm of them would be
+hundreds of replies. The untold entries stay on the timeline, the incident's record.
 """
 
 from __future__ import annotations
@@ -25,15 +28,20 @@ from sqlalchemy.orm import Session
 from detector.db import insert_ignore, store_errors
 from detector.incidents.models import Incident, TimelineEntry
 from detector.notify.models import Notification, NotificationThread
+from detector.runbooks.transitions import Move
+
+# A step's move that takes up a person's decision; ``approvals.decide`` told the decision.
+TAKEN_UP = (Move.APPROVED, Move.DENIED)
 
 
 def told() -> ColumnElement[bool]:
     """Return the SQL condition of the timeline entries a thread tells (see the module doc)."""
     e = TimelineEntry
+    untold = ["%:planned", *(f"step:%:{move.value}" for move in TAKEN_UP)]
     return or_(
         e.kind.in_(("note", "stage")),
         and_(e.kind == "signal", e.dedupe_key.like("victim:%")),
-        and_(e.kind == "step", not_(e.dedupe_key.like("%:planned"))),
+        and_(e.kind == "step", *(not_(e.dedupe_key.like(key)) for key in untold)),
     )
 
 

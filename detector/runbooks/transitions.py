@@ -389,7 +389,7 @@ def _awaiting(step: PlannedStep, rec: StepRecord, cond: Conditions) -> Transitio
             return _t(step, Move.DENIED, rec, now, f"{why}; nothing applied", update, actor=actor)
         if (gone := _precondition_gone(fresh, cond)) is not None:
             update = _to(StepState.WITHDRAWN, "not_needed", approval=approval)
-            why = f"{why}; {gone}; nothing applied"
+            why = f"{gone}; nothing applied"  # as _apply says it: the decision was told already
             return _t(step, Move.WITHDRAWN, rec, now, why, update, replan=dict(fresh.params))
         narrowed = _narrowed(step, fresh)
         if narrowed is not None:

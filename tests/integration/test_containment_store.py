@@ -23,6 +23,8 @@ from detector.errors import ApprovalError
 from detector.events.model import Signal, SignalKind, SourcePos
 from detector.incidents import service
 from detector.incidents.models import Incident
+from detector.notify import outbox
+from detector.notify.models import Notification
 from detector.runbooks import approvals
 from detector.runbooks import service as run_service
 from detector.runbooks.definition import Runbook
@@ -267,6 +269,33 @@ def test_approve_deny_and_their_refusals(session: Session, make_session: Any) ->
     assert restart["mode"] == "dry_run" and '"kind": "Eviction"' in restart["diff"]
     engine = next(d for d in details if d["event"] == "approved" and "via" not in d)
     assert engine["actor"] == "alice" and engine["approval"]["by"] == "alice"
+
+
+@pytest.mark.parametrize("decision", ["approved", "denied"])
+def test_the_thread_tells_a_decision_once_and_the_timeline_keeps_it_taken_up(
+    session: Session, decision: str
+) -> None:
+    """The decision is told when it is made (who, how, when: ``approvals.decide``); the step
+    taking it up at event time stays on the timeline and is not told again; what the step
+    does then is told."""
+    incident = open_incident(session)
+    walk_to_approval(session, incident)
+    approvals.decide(session=session, incident_ref=incident.key, step_ref="stagger_restarts",
+                     approve=decision == "approved", approver="alice", via="slack",
+                     approvers=APPROVERS)  # fmt: skip
+    session.commit()
+    tick(session, incident, T0 + 120, context(incident.key, "a", "b", "c", "d", at=120))
+    outbox.enqueue(session=session, incident=incident, channel="C0OUTBOX")
+    session.commit()
+    queued = set(session.scalars(select(Notification.entry_id)))
+    timeline = service.timeline(session=session, incident=incident)
+    assert [(t.detail or {}).get("event") for t in timeline].count(decision) == 2
+    written = sorted(timeline, key=lambda t: t.id)  # as queued (the decision: wall clock)
+    told = [t.message for t in written if t.id in queued and "stagger_restarts" in t.message]
+    assert told[0].startswith("step 4 stagger_restarts approval_requested by detector")
+    assert told[1:2] == [f"step 4 stagger_restarts {decision} by alice via slack"]
+    after = ["step 4 stagger_restarts would be restarted"] if decision == "approved" else []
+    assert [m.split(" [")[0] for m in told[2:]] == after
 
 
 def test_a_pending_approval_expires_and_cannot_be_decided_after(session: Session) -> None:

@@ -50,6 +50,7 @@ NOW_PODS = re.compile(
     r"\*Now:\* (?:🛑 \*endpoint down:\* all (?P<all>\d+) pods seen are down"
     r"|\*(?P<serving>\d+) pods serving\*(?:, (?P<down>\d+) down \((?P<named>[^)\n]*)\))?)"
 )
+DECISION = re.compile(r"\bstep (\d+) \S+ (approved|denied) by\b")
 NOW_LB = re.compile(
     r"Load balancer, (?P<window>\d+) s to (?P<until>\d\d:\d\d:\d\d): (?P<rps>[\d.]+) req/s, "
     r"5xx (?P<e5xx>[\d.]+)/s"
@@ -196,13 +197,23 @@ def _echo(line: str, words: int = 3) -> str | None:
     return None
 
 
+def _decisions(line: str) -> list[tuple[str, str]]:
+    """Return the (step, decision) pairs ``line`` tells, e.g. ("4", "approved") of "step 4
+    stagger_restarts approved by slack:U42 via slack" (an automatic approval is none)."""
+    return DECISION.findall(line)
+
+
 def _assert_the_thread_repeats_nothing(replies: list[dict[str, Any]]) -> None:
-    """No two replies alike, no line told twice, no line saying a phrase twice in a row."""
+    """No two replies alike, no line told twice, no line saying a phrase twice in a row, no
+    decision on a step told twice (in other words)."""
     texts = [r["text"] + "\n" + "\n".join(_lines(r)) for r in replies]
     assert len(texts) == len(set(texts)), [t for t in texts if texts.count(t) > 1]
     lines = [ln for r in replies for ln in _lines(r)]
     assert len(lines) == len(set(lines)), [ln for ln in lines if lines.count(ln) > 1]
     assert not [(ln, echo) for ln in lines if (echo := _echo(ln))]
+    told = [(d, ln) for ln in lines for d in _decisions(ln)]
+    decisions = [d for d, _ in told]
+    assert len(decisions) == len(set(decisions)), [ln for d, ln in told if decisions.count(d) > 1]
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, emu: SlackEmulator, **more: str) -> None:
@@ -250,17 +261,23 @@ def test_the_root_message_tells_the_state_in_the_store_and_the_thread_repeats_no
     _assert_the_thread_repeats_nothing(emu.replies(CHANNEL, _root(emu)["ts"]))
 
 
+@pytest.mark.parametrize(("action_id", "decision"), [("approve_step", "approved"),
+                                                    ("deny_step", "denied")])  # fmt: skip
 def test_a_decision_clicked_in_slack_is_told_once_and_the_root_follows_the_store(
     kafka_bootstrap: str,
     slack_emulator: SlackEmulator,
     sqlite_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    action_id: str,
+    decision: str,
 ) -> None:
     """The generated cascade, ended a minute ago (a person decides in wall-clock time; its
     approvals expire 10 min after they are asked), produced up to the restart step waiting for
-    approval; an approver clicks Approve over Socket Mode; then the rest is produced. The
-    decision taken up said who made it twice ("approved by X: approved by X via slack")."""
+    approval; an approver clicks Approve (or Deny) over Socket Mode; then the rest is
+    produced. The decision taken up said who made it twice ("approved by X: approved by X via
+    slack"), then the thread told it twice: once when clicked, once when the step took it up
+    ("step 4 ... approved by slack:U42 via slack", "... approved by slack:U42: via slack")."""
     emu = slack_emulator
     _env(monkeypatch, emu, APP_TOKEN=emu.app_token)
     monkeypatch.setenv("DETECTOR_CONTAINMENT__APPROVERS", '["slack:U42"]')
@@ -284,7 +301,7 @@ def test_a_decision_clicked_in_slack_is_told_once_and_the_root_follows_the_store
         root = _root(emu)
         click = block_actions_payload(
             user_id="U42",
-            action_id="approve_step",
+            action_id=action_id,
             value=actions["elements"][0]["value"],
             channel=CHANNEL,
             message_ts=root["ts"],
@@ -292,9 +309,9 @@ def test_a_decision_clicked_in_slack_is_told_once_and_the_root_follows_the_store
         )
         emu.wait_ack(emu.send_interactive(click), timeout=WAIT_S)
         emu.wait_for(
-            lambda e: "approved by `slack:U42`" in json.dumps(_root(e)["blocks"]),
+            lambda e: f"{decision} by `slack:U42`" in json.dumps(_root(e)["blocks"]),
             timeout=WAIT_S,
-            what="the root message showing the approval",
+            what=f"the root message showing the step {decision}",
         )
         rest = {t: produce(kafka_bootstrap, t, path, skip=first[t]) for t, path in topics.items()}
         wait_committed(kafka_bootstrap, prefix, {t: first[t] + rest[t] for t in topics}, proc)
@@ -310,5 +327,6 @@ def test_a_decision_clicked_in_slack_is_told_once_and_the_root_follows_the_store
     assert shown == state
     replies = emu.replies(CHANNEL, _root(emu)["ts"])
     story = "\n".join(ln for r in replies for ln in _lines(r))
-    assert "by slack:U42" in story, story
+    assert [d for ln in story.split("\n") for d in _decisions(ln)] == [("4", decision)], story
+    assert f"{decision} by slack:U42" in story, story
     _assert_the_thread_repeats_nothing(replies)

@@ -208,6 +208,17 @@ def _entry(i: int, s: float, kind: str, message: str) -> dict:
     return {"id": i, "time": _at(s), "kind": kind, "message": message, "evidence_id": None}
 
 
+@pytest.mark.parametrize(("event", "emoji"), [("approved", "👍"), ("denied", "🚫")])
+def test_a_decision_is_told_with_its_mark_who_and_when(event: str, emoji: str) -> None:
+    """``approvals.decide``'s entry: the decision, told once, at its wall-clock time."""
+    detail = {"step": "stagger_restarts", "position": 4, "event": event, "actor": "slack:U42",
+              "via": "slack", "reason": ""}  # fmt: skip
+    message = f"step 4 stagger_restarts {event} by slack:U42 via slack"
+    entry = _entry(9, 95, "step", message) | {"detail": detail}
+    body = "\n".join(_texts(reply_message(_incident(), [entry], "7-9").blocks))
+    assert body == f"`09:05:12` {emoji} {message}"
+
+
 def test_the_cascading_reply_mentions_on_call_and_is_broadcast() -> None:
     entries = [
         _entry(1, 29, "signal", f"victim #2: pod vllm-b died of GPU OOM {HOSTILE}"),

@@ -541,6 +541,9 @@ def test_an_approved_restart_after_recovery_is_withdrawn_and_nothing_is_evicted(
     t = next_transition(STEPS, awaiting(), c)
     assert move_of(t) == ("withdrawn", "withdrawn")
     assert t is not None and t.move not in ACTUATOR_MOVES and "nothing applied" in t.reason
+    # what the step does, not the decision again (told when it was made): kept in the record
+    assert "alice" not in t.message and "cli" not in t.message
+    assert t.record.approval is not None and t.record.approval["by"] == "alice"
 
 
 def test_an_approved_restart_acts_only_on_the_pods_still_down_in_the_planned_order() -> None:

@@ -419,8 +419,8 @@ def _entry_emoji(entry: Mapping[str, Any]) -> str:
         return STAGE_EMOJI.get(stage, "•")
     if entry["kind"] == "signal":
         return "💀"
-    detail = entry.get("detail") or {}
-    return STATE_EMOJI.get(str(detail.get("state", "")), "•")
+    detail = entry.get("detail") or {}  # a person's decision has an event and no state
+    return STATE_EMOJI.get(str(detail.get("state") or detail.get("event") or ""), "•")
 
 
 def _chunks(body: str) -> list[str]:
