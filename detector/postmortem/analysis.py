@@ -336,10 +336,11 @@ def effect_sentence(name: str, at: pd.Timestamp, m: Mapping[str, Any], dry_run: 
 
 
 def _parts(m: Mapping[str, Any], when: str) -> str:
-    """Return ``5xx A/s + 429 B/s (C% of requests)`` of one window."""
+    """Return ``5xx A/s + shed B/s (C% of requests)`` of one window (shed: the gateway's 429
+    and 413, the series' ``shed_429``)."""
     share = m[f"unserved_share_{when}"]
     of = f" ({share * 100:.0f}% of requests)" if share is not None else ""
-    return f"5xx {m[f'rate_5xx_{when}_per_s']:.1f}/s + 429 {m[f'rate_429_{when}_per_s']:.1f}/s{of}"
+    return f"5xx {m[f'rate_5xx_{when}_per_s']:.1f}/s + shed {m[f'rate_429_{when}_per_s']:.1f}/s{of}"
 
 
 GIB = 2**30

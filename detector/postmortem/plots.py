@@ -69,7 +69,7 @@ __all__ = [
 
 Marker = tuple[datetime, str, str]  # (time, kind: death | stage | step, label)
 
-TRAFFIC_TITLE: Final = "Load balancer: requests, 5xx and 429 per second"
+TRAFFIC_TITLE: Final = "Load balancer: requests, 5xx and shed (429/413) per second"
 PRESSURE_TITLE: Final = "Memory / KV-cache pressure per pod"
 TRAFFIC_FILE: Final = "traffic.svg"
 PRESSURE_FILE: Final = "pressure.svg"
@@ -79,7 +79,7 @@ NO_DATA: Final = "no data recorded"
 _LB: Final = (
     (REQUESTS, "requests/s", "#1f77b4"),
     (ERRORS_5XX, "5xx/s", "#d62728"),
-    (SHED_429, "429/s", "#ff7f0e"),
+    (SHED_429, "shed 429/413 /s", "#ff7f0e"),
 )
 # kind -> legend label, colour, line style
 _MARKS: Final = {

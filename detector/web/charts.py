@@ -27,7 +27,7 @@ from detector.report.pressure import DownSpan, pressure_lines
 WIDTH, HEIGHT = 960.0, 220.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 28.0
 RATIO = "used / total"
-LB_METRICS = (("requests", "requests/s"), ("errors_5xx", "5xx/s"), ("shed_429", "429/s"))
+LB_METRICS = (("requests", "requests/s"), ("errors_5xx", "5xx/s"), ("shed_429", "shed 429/413 /s"))
 MEASURE_CSS = {KV_CACHE: "kv-cache", GPU_MEMORY: "gpu-memory"}  # detail -> CSS class
 
 

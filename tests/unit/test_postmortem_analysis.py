@@ -113,7 +113,7 @@ def test_a_step_after_which_the_5xx_rate_falls_is_said_to_have_cut_it() -> None:
     assert (m["rate_5xx_before_per_s"], m["rate_5xx_after_per_s"]) == (4.0, 0.6)
     assert step["effect"].startswith(
         "after step 1 (enable_rate_limit) at 09:02:00 requests not served fell from 4.0/s to"
-        " 0.6/s within 5 s (5xx 4.0/s + 429 0.0/s (100% of requests) before, 5xx 0.6/s + 429"
+        " 0.6/s within 5 s (5xx 4.0/s + shed 0.0/s (100% of requests) before, 5xx 0.6/s + shed"
         " 0.0/s (15% of requests) after;"
     )
     assert step["approval"] == {"status": "approved", "by": "alice", "via": "web", "at": iso(119)}
@@ -130,7 +130,7 @@ def test_a_flat_5xx_rate_is_no_change_and_says_whether_an_oom_followed() -> None
     (step,) = build([(t, 20, 10, 0) for t in range(0, 240, 5)])["steps"]
     assert step["effect"].startswith("no change in the requests not served: after step 1")
     assert "2.0/s to 2.0/s" in step["effect"]
-    assert "; no GPU OOM followed within 60 s (5xx 2.0/s + 429 0.0/s" in step["effect"]
+    assert "; no GPU OOM followed within 60 s (5xx 2.0/s + shed 0.0/s" in step["effect"]
     assert "; GPU OOMs 1 before, 0 after" in step["effect"]
 
 

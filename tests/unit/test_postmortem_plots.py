@@ -72,7 +72,7 @@ def glyph_ids(char: str) -> set[str]:
 def test_traffic_plot_is_svg_with_title_axes_and_legend() -> None:
     svg = traffic_plot(frame(), MARKERS)
     parse(svg)
-    for text in (TRAFFIC_TITLE, "UTC", "per second", "requests/s", "5xx/s", "429/s"):
+    for text in (TRAFFIC_TITLE, "UTC", "per second", "requests/s", "5xx/s", "shed 429/413 /s"):
         assert f"<!-- {text} -->" in svg
     for text in ("death", "stage change", "step applied/lifted", "victim #1", "step 1 applied"):
         assert f"<!-- {text} -->" in svg
