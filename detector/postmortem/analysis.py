@@ -484,8 +484,9 @@ def _pressure_climb(f: Frames, t0: pd.Timestamp, th: Thresholds) -> dict[str, li
         if pod == first_pod or not len(p):
             continue
         until = deaths.get(pod, t0 + pd.Timedelta(seconds=th.window_s))
-        climb = _climb_lines(f, pod, str(p["detail"].iloc[-1]), t0, until, th)
-        climb = climb or _climb_series(p, pod, t0, until, th, f.bucket_s)
+        detail = str(p["detail"].iloc[-1])  # its latest measure: KV cache or GPU memory
+        climb = _climb_lines(f, pod, detail, t0, until, th)
+        climb = climb or _climb_series(p[p["detail"] == detail], pod, t0, until, th, f.bucket_s)
         if climb is not None:
             text, when, sources = climb
             end = "before it died" if pod in deaths else f"in the {th.window_s:.0f} s after"

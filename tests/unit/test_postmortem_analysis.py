@@ -339,3 +339,17 @@ def test_rendered_documents_escape_input_and_are_deterministic() -> None:
     assert {"summary", "impact", "detection", "causal_chain", "steps", "questions",
             "action_items", "timeline", "plots"} <= set(doc)  # fmt: skip
     assert render(content, "md") == md and render(content, "html") == html
+
+
+def test_a_survivors_climb_from_its_series_keeps_to_one_measure() -> None:
+    """A pod's GPU memory rows (before its first KV reading) are another quantity: its KV
+    cache climb never starts from, or peaks at, a framebuffer reading."""
+    gpu = [
+        {"time": at(t), "metric": "pressure", "label": "p2", "value": v, "detail": "GPU memory"}
+        for t, v in ((20, 0.9), (45, 0.99))
+    ]
+    rows = lb_series(falling()) + gpu + pressure("p2", 25, 0.5) + pressure("p2", 55, 0.97)
+    frames = analysis.frames(incident(), pd.DataFrame(rows), 5.0)
+    (link,) = [c for c in analysis.causal_chain(frames, TH) if c["link"].startswith("pressure")]
+    assert link["text"].startswith("pod p2 KV cache 50% → 97% (the 5 s bucket from 09:00:55)")
+    assert link["sources"] == ["series: pressure of p2"]
