@@ -195,6 +195,13 @@ class Processor:
     are the keys of the incidents and verdicts written, in order, for the replay's result;
     ``staged`` says an incident opened or changed stage since the caller last cleared it
     (the live loop then commits at once: the on-call waits for that row).
+
+    ``checkpoint``, when set, splits the stages of decisions that open an incident or change
+    its stage: ``record`` and ``notify`` run, then ``checkpoint()`` (the live loop commits, so
+    the stage is stored without waiting for the runbook planning), then ``contain`` and
+    ``notify`` again. The caller commits its offsets only after its own final commit, and
+    every stage is idempotent, so a crash between the two commits re-processes the record.
+    Replay leaves it unset: one transaction per ``COMMIT_EVERY`` records.
     """
 
     correlator: Correlator
@@ -211,6 +218,7 @@ class Processor:
     rejected_at: Counter[tuple[str, str]] = field(default_factory=Counter)  # (origin, reason)
     # each workload's signal coverage as of the last ``finish`` (``correlate.coverage``)
     coverage: dict[WorkloadRef, list[SignalCoverage]] = field(default_factory=dict)
+    checkpoint: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Processor:
@@ -245,17 +253,30 @@ class Processor:
         for signal in parsed.signals:
             decisions = self.correlator.observe(signal)
             if decisions:
-                batch = Batch(decisions)
-                for stage in self.stages:
-                    stage(batch, session)
+                self._run(Batch(decisions), session)
         return None
+
+    def _run(self, batch: Batch, session: Session) -> None:
+        """Pass ``batch`` through the stages; a staged one around ``checkpoint`` when set."""
+        checkpoint = self.checkpoint
+        if checkpoint is None or not any(_opens_or_stages(d) for d in batch.decisions):
+            for stage in self.stages:
+                stage(batch, session)
+            return
+        self.record(batch, session)
+        if self.slack.enabled:
+            self.notify(batch, session)
+        checkpoint()
+        self.contain(batch, session)
+        if self.slack.enabled:
+            self.notify(batch, session)
 
     def record(self, batch: Batch, session: Session) -> None:
         """Write each decision to the incident store (incidents, verdicts, timeline), then
         the touched incidents' series buckets that changed (charts, postmortem)."""
         for d in batch.decisions:
             self.clock = max(self.clock, decision_time(d))
-            if isinstance(d, IncidentOpened | StageChanged):
+            if _opens_or_stages(d):
                 self.staged = True
             incident = self.recorder.record(d, session=session, contexts=self.correlator.context)
             if incident is None:
@@ -381,6 +402,10 @@ def replay(
         return result
     finally:
         engine.dispose()
+
+
+def _opens_or_stages(d: Decision) -> bool:
+    return isinstance(d, IncidentOpened | StageChanged)
 
 
 def _reject(parsed: Parsed, counts: EventCounts, session: Session) -> DeadLetter | None:

@@ -137,7 +137,6 @@ def write_series(incident: Incident, points: list[SeriesPoint], *, session: Sess
     re-read of part of a bucket never lowers it), unless the detail changed (a pod's bucket
     moved from GPU memory to KV cache). Raises StoreError.
     """
-    stored = SeriesValue.__table__.c
     rows = [
         {
             "incident_id": incident.id,
@@ -149,13 +148,15 @@ def write_series(incident: Incident, points: list[SeriesPoint], *, session: Sess
         }
         for p in points
     ]
+    upsert(session, SeriesValue, rows, ("incident_id", "metric", "label", "time"), _grown)
 
-    def update(new: Any) -> dict[str, Any]:
-        grown = greatest(stored.value, new.value)
-        value = case((stored.detail == new.detail, grown), else_=new.value)
-        return {"value": value, "detail": new.detail}
 
-    upsert(session, SeriesValue, rows, ("incident_id", "metric", "label", "time"), update)
+def _grown(new: Any) -> dict[str, Any]:
+    """Return ``write_series``'s SET clause: the larger value, or the new one of a new detail."""
+    stored = SeriesValue.__table__.c
+    grown = greatest(stored.value, new.value)
+    value = case((stored.detail == new.detail, grown), else_=new.value)
+    return {"value": value, "detail": new.detail}
 
 
 def record_verdict(d: VerdictRecorded, *, session: Session) -> None:

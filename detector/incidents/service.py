@@ -14,11 +14,12 @@ raises ``ValueError``.
 
 from __future__ import annotations
 
+import functools
 import time as _clock
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from detector.correlate.state import Stage
@@ -180,15 +181,25 @@ def _same_evidence(session: Session, values: Mapping[str, Any]) -> Evidence | No
     Looked up on (incident, time) (index ``ix_evidence_incident_time``), then kind, pod, text
     and attrs compared.
     """
-    stmt = select(Evidence).filter_by(
-        incident_id=values["incident_id"],
-        time=values["time"],
-        kind=values["kind"],
-        pod=values["pod"],
-        text=values["text"],
-    )
-    rows = session.scalars(stmt.order_by(Evidence.id))
+    params = {name: values[name] for name in ("incident_id", "time", "kind", "pod", "text")}
+    rows = session.scalars(_same_evidence_statement(), params)
     return next((row for row in rows if row.attrs == values["attrs"]), None)
+
+
+@functools.cache
+def _same_evidence_statement() -> Select[Evidence]:
+    """Return ``_same_evidence``'s SELECT, built once (a pod that is None matches NULL)."""
+    return (
+        select(Evidence)
+        .where(
+            Evidence.incident_id == bindparam("incident_id"),
+            Evidence.time == bindparam("time"),
+            Evidence.kind == bindparam("kind"),
+            Evidence.pod.is_not_distinct_from(bindparam("pod")),
+            Evidence.text == bindparam("text"),
+        )
+        .order_by(Evidence.id)
+    )
 
 
 @store_errors

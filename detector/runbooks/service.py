@@ -8,11 +8,12 @@ history are in ``detector.runbooks.approvals``.
 
 from __future__ import annotations
 
+import functools
 import time as _clock
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from detector.db import clean_json, get_or_insert, store_errors, to_datetime
@@ -118,8 +119,17 @@ def set_step_state(
 @store_errors
 def run_of(*, session: Session, incident: Incident, runbook: str) -> RunbookRun | None:
     """Return the incident's run of ``runbook``, or None before it was planned."""
-    stmt = select(RunbookRun).filter_by(incident_id=incident.id, runbook=runbook)
-    return session.scalars(stmt).one_or_none()
+    params = {"incident_id": incident.id, "runbook": runbook}
+    return session.scalars(_run_of_statement(), params).one_or_none()
+
+
+@functools.cache
+def _run_of_statement() -> Select[RunbookRun]:
+    """Return ``run_of``'s SELECT, built once: containment asks it for every decision."""
+    return select(RunbookRun).where(
+        RunbookRun.incident_id == bindparam("incident_id"),
+        RunbookRun.runbook == bindparam("runbook"),
+    )
 
 
 @store_errors

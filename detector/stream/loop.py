@@ -9,7 +9,10 @@ correlator's state is rebuilt by re-reading the last ``correlate.window_s`` of e
 before its committed offset; the writes are idempotent, so nothing duplicates.
 A batch is cut after a record that opened an incident or changed its stage: what it processed
 is committed at once (the on-call is waiting for that row and its Slack message) and the rest
-is processed next, before the next poll.
+is processed next, before the next poll. Within that record the stage is committed even
+before containment plans its runbook (``Processor.checkpoint``): record and notify, database
+commit, contain and notify, database commit, then the offsets; a crash between the two
+commits re-processes the record, whose writes are idempotent.
 A batch that failed is retried with each of its records in a savepoint of its own: a record
 that fails while the store answers is dead-lettered as ``processing_failed`` with its error
 (``StreamLoop._process_alone``), so no record stalls the stream; a store outage dead-letters
@@ -112,7 +115,7 @@ class StreamLoop:
         self._sink = sink
         self._on_commit = on_commit  # e.g. wake the Slack sender: the outbox has news
         self._session = make_session()
-        self.processor = Processor.from_settings(settings)
+        self.processor = self._new_processor()
         self._source: Source | None = None
         kafka = settings.kafka
         self._held = ReorderBuffer(kafka.reorder_max_records, kafka.reorder_max_hold_s)
@@ -130,6 +133,29 @@ class StreamLoop:
         # incident or changed its stage, so that row is committed without waiting for the rest
         self._pending: list[Record] = []
         self._coverage_due = 0.0  # monotonic time of the next export of the signal coverage
+        self._unflushed = False  # dead letters sent since the sink was last flushed
+
+    def _new_processor(self) -> Processor:
+        """Build a fresh processor that commits a stage before containment (``_checkpoint``)."""
+        processor = Processor.from_settings(self._settings)
+        processor.checkpoint = self._checkpoint
+        return processor
+
+    def _checkpoint(self) -> None:
+        """Commit what the batch processed so far: a stage was just recorded.
+
+        The dead letters sent before it are flushed first (a dead letter's row must not be
+        committed before its record is in the dead-letter topic: a re-delivery finds the row
+        and sends nothing). Inside the savepoint of a record retried alone nothing is
+        committed: the retry keeps one transaction. Offsets are committed by ``step`` only.
+        """
+        if self._session.in_nested_transaction():
+            return
+        if self._unflushed:
+            self._sink.flush()
+            self._unflushed = False
+        self._session.commit()
+        self._on_commit()
 
     def attach(self, source: Source) -> None:
         """Use ``source`` for the next batches."""
@@ -195,7 +221,9 @@ class StreamLoop:
             raise
         records = records[: len(records) - len(self._pending)]
         polled = polled or records  # pending records count as polled: the loop is not idle
-        self._suspects.clear()
+        # only what was committed passed: a retry cut short at a stage change (the rebuild
+        # re-decides it) keeps the rest of the failed batch suspect, to be taken one by one
+        self._suspects.difference_update(_record_id(r) for r in records)
         self._on_commit()
         self._backoff_s = 0.0  # the database took a batch: back to normal
         self._dirty = True
@@ -275,7 +303,7 @@ class StreamLoop:
                 )
             return
         log.debug("rebuilding state partitions=%s", partitions)
-        self.processor = Processor.from_settings(self._settings)
+        self.processor = self._new_processor()
         for partition in partitions:
             self._rebuild(partition, commits[partition])
 
@@ -283,7 +311,7 @@ class StreamLoop:
         """Process ``records`` up to the first one that opened an incident or changed its
         stage (the rest go to ``_pending``); return the offsets to commit."""
         max_time = time.time() + MAX_FUTURE_S
-        sent = 0
+        self._unflushed = False
         touched: set[Partition] = set()
         self.processor.staged = False
         for index, record in enumerate(records):  # in event-time order, as released
@@ -294,7 +322,7 @@ class StreamLoop:
                 new = self.processor.process(parsed, self._session) is not None
             if new:
                 self._dead_letter(record, parsed)
-                sent += 1
+                self._unflushed = True
             # after processing: the resolver then knows what the correlator learnt
             if record.key is None and record.topic not in self._unkeyed and self._names(parsed):
                 self._unkeyed.add(record.topic)
@@ -311,8 +339,9 @@ class StreamLoop:
             if self.processor.staged:
                 self._pending = records[index + 1 :]
                 break
-        if sent:
+        if self._unflushed:
             self._sink.flush()
+            self._unflushed = False
         return self._offsets(touched)
 
     def _parsed(self, record: Record, max_time: float) -> Parsed:

@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detector import db
 from detector.config import Settings
+from detector.correlate.state import IncidentOpened, StageChanged
 from detector.errors import StoreError
 from detector.incidents import service
-from detector.pipeline import Parsed, Processor
+from detector.pipeline import Batch, Parsed, Processor
 from detector.stream.consumer import Committed, Partition, Record
 from detector.stream.loop import StreamLoop
 from detector.stream.metrics import LoopMetrics
@@ -382,3 +384,171 @@ def test_metrics_export_each_workloads_signal_coverage(
         'workload="llm/vllm-llama"} 1.0'
     )
     assert missing in exposition
+
+
+class RememberingSource(FakeSource):
+    """A source whose group remembers the loop's commits, as a broker does."""
+
+    def committed(self, partition: Partition) -> Committed | None:
+        return next((c[partition] for c in reversed(self.commits) if partition in c), None)
+
+
+class Crash(BaseException):
+    """A process killed mid-batch: no ``except Exception`` at the loop boundary catches it."""
+
+
+def _staged(batch: Batch) -> bool:
+    return any(isinstance(d, IncidentOpened | StageChanged) for d in batch.decisions)
+
+
+def _drain(loop: StreamLoop) -> None:
+    """Step until the source has nothing left and no batch is pending."""
+    for _ in range(100):
+        if loop.step() == 0:
+            return
+    raise AssertionError("the loop did not drain its source")
+
+
+def _store(url: str) -> dict[str, Any]:
+    """Return every row of the store but its ids, table by table, in id order."""
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {
+                table.name: [
+                    {k: v for k, v in row._mapping.items() if k != "id" and not k.endswith("_id")}
+                    for row in conn.execute(select(table).order_by(*table.primary_key.columns))
+                ]
+                for table in db.Base.metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()
+
+
+def test_a_stage_is_committed_before_containment_plans_for_it(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The on-call waits for the stage; containment (planning, sizing, rendering) held it back."""
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 700)
+    engine = db.make_engine(sqlite_url)
+    stored: list[tuple[str, list[str]]] = []  # (stage decided, stages another session reads)
+    real = Processor.contain
+
+    def contain(self: Processor, batch: Batch, session: Session) -> None:
+        if _staged(batch):
+            stage = [d.stage.value for d in batch.decisions if isinstance(d, StageChanged)]
+            with db.session_factory(engine)() as other:  # sees committed rows only
+                seen = [i.stage for i in service.list_incidents(session=other)]
+            stored.append(((stage or ["suspected"])[-1], seen))
+        real(self, batch, session)
+
+    monkeypatch.setattr(Processor, "contain", contain)
+    source = FakeSource([logs])
+    loop.attach(source)
+    _drain(loop)
+    engine.dispose()
+    assert [decided for decided, _ in stored][:2] == ["suspected", "cascading"]
+    assert all(seen == [decided] for decided, seen in stored), stored
+    # the offsets still follow the second commit: one Kafka commit per cut batch
+    positions = [c[("logs", 0)].offset for c in source.commits]
+    assert positions == sorted(positions) and positions[-1] == 700
+
+
+def test_a_crash_between_the_stage_and_containment_commits_reprocesses_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage is stored, the runbook is not, no offset covers the record: the restart
+    processes it again and the store ends as if there had been no crash."""
+    logs = records("logs", CASCADE / "container-logs.jsonl", 700)
+    urls = {name: f"sqlite:///{tmp_path / name}.db" for name in ("straight", "crashed")}
+    for url in urls.values():
+        db.upgrade(url)
+
+    def run(url: str) -> tuple[StreamLoop, FakeSource]:
+        settings = Settings()
+        settings.database.url = url
+        loop = StreamLoop(settings, db.session_factory(db.make_engine(url)), FakeSink())
+        source = FakeSource([list(logs)])
+        loop.attach(source)
+        return loop, source
+
+    loop, _ = run(urls["straight"])
+    _drain(loop)
+    real = Processor.contain
+    crashed: list[int] = []
+
+    def contain(self: Processor, batch: Batch, session: Session) -> None:
+        cascading = any(
+            isinstance(d, StageChanged) and d.stage.value == "cascading" for d in batch.decisions
+        )
+        if cascading and not crashed:
+            crashed.append(self.counts.read)
+            raise Crash
+        real(self, batch, session)
+
+    monkeypatch.setattr(Processor, "contain", contain)
+    loop, source = run(urls["crashed"])
+    with pytest.raises(Crash):
+        _drain(loop)
+    trigger = crashed[0] - 1  # the offset of the record that made the incident cascading
+    assert [c[("logs", 0)].offset <= trigger for c in source.commits] == [True] * len(
+        source.commits
+    )
+    at_crash = _store(urls["crashed"])
+    assert [i["stage"] for i in at_crash["incidents"]] == ["cascading"]
+    assert at_crash["runbook_steps"] == []
+    loop, _ = run(urls["crashed"])  # the restart: nothing committed past the record
+    _drain(loop)
+    assert _store(urls["crashed"]) == _store(urls["straight"])
+
+
+def test_containment_that_fails_on_a_record_keeps_its_committed_stage(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink],
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record whose containment raises (a bug) is isolated as before; the stage it made was
+    committed first and stays. The retry, cut short again at the incident's opening (the
+    rebuild re-decides it), still takes the rest of the failed batch one by one: it stalled."""
+    _, loop, sink = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 700)
+    real_process, real_contain = Processor.process, Processor.contain
+    now: list[bytes] = []
+    bad: list[bytes] = []
+
+    def process(self: Processor, parsed: Parsed, session: Session) -> object:
+        now[:] = [parsed.raw]
+        return real_process(self, parsed, session)
+
+    def contain(self: Processor, batch: Batch, session: Session) -> None:
+        cascading = any(
+            isinstance(d, StageChanged) and d.stage.value == "cascading" for d in batch.decisions
+        )
+        if (cascading and not bad) or now == bad:
+            bad[:] = now
+            raise KeyError("a containment bug")
+        real_contain(self, batch, session)
+
+    monkeypatch.setattr(Processor, "process", process)
+    monkeypatch.setattr(Processor, "contain", contain)
+    source = RememberingSource([list(logs) for _ in range(6)])
+    loop.attach(source)
+    _run_until(loop, source, lambda: any(c[("logs", 0)].offset == 700 for c in source.commits))
+    (row,) = _dead_letters(sqlite_url)
+    assert row.reason == "processing_failed" and "a containment bug" in row.detail
+    assert logs[row.source_position].value == bad[0]
+    [(_, value, headers)] = sink.sent
+    assert (value, dict(headers or [])["reason"]) == (bad[0], b"processing_failed")
+    store = _store(sqlite_url)
+    assert [i["stage"] for i in store["incidents"]] == ["cascading"]
+    stages = [t for t in store["timeline_entries"] if t["message"].startswith("stage -> cascading")]
+    evidence = {e["source_position"]: e["time"] for e in store["evidence"]}
+    assert [t["time"] for t in stages] == [evidence[row.source_position]]  # the isolated record's
+    # the rebuilt correlator, without that record, meets the pod's next OOM line: it decides
+    # cascading again (the stage and its note are there already) and containment plans then
+    assert store["runbook_steps"] and evidence[row.source_position] < min(
+        t["time"] for t in store["timeline_entries"] if t["kind"] == "step"
+    )
