@@ -157,6 +157,17 @@ def test_truncated_line_keeps_status() -> None:
     assert parsed[0]["status"] == 504 and parsed[0]["upstream"] is None
 
 
+@pytest.mark.parametrize("cut", [" ", "  ", " \t"])
+def test_a_line_cut_to_spaces_after_its_upstream_names_has_no_upstream_fields(cut: str) -> None:
+    line = (
+        '203.0.113.187 - - [14/Mar/2025:09:00:47 +0000] "GET / HTTP/1.1" 502 1 ' + UA + " 634 "
+        "2.497 [llm-vllm-llama-8000] []" + cut
+    )
+    parsed = access_line_attrs(line)  # once an IndexError out of the parser
+    assert parsed is not None
+    assert parsed[0]["upstream"] == "llm-vllm-llama-8000" and parsed[0]["upstream_addr"] is None
+
+
 def test_signal_from_access_line_takes_envelope_identity() -> None:
     text = (
         f'10.0.0.9 - - [17/Dec/2024:10:00:01 +0000] "GET / HTTP/1.1" 502 150 {UA} 90 0.010 '

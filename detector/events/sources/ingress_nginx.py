@@ -107,8 +107,8 @@ def _add_upstream_info(attrs: dict[str, Any], tail: str) -> None:
         attrs["request_time_s"] = float(request_time)
     if upstream and upstream != "-":
         attrs["upstream"] = upstream
-    if rest:
-        fields = _flat(rest).split()  # "a, b : c" lists -> "a,b,c": fields split on spaces
+    fields = _flat(rest).split() if rest else None  # "a, b : c" lists -> "a,b,c"
+    if fields:  # a line cut after its upstream names, spaces only, has no upstream fields
         _tries(attrs, fields[0], fields[3] if len(fields) >= 4 else None)
 
 
