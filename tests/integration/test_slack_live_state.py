@@ -110,9 +110,17 @@ def _buttons(emu: SlackEmulator) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def _root_shows_the_store(emu: SlackEmulator, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Wait until the root message shows the store's state of now (at most ``WAIT_S``);
-    return both, as shown and as stored."""
+def _root_shows_the_store(
+    emu: SlackEmulator, url: str, last_line_at: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait until the store tells the whole input and the outbox is sent, then until the root
+    message shows the store's state of now (at most ``WAIT_S`` each); return both, as shown
+    and as stored."""
+    emu.wait_for(
+        lambda e: _caught_up(url, last_line_at),
+        timeout=WAIT_S,
+        what="the store caught up with the input and the outbox sent",
+    )
     deadline = time.monotonic() + WAIT_S
     while True:
         read = _read(url)
@@ -247,12 +255,7 @@ def test_the_root_message_tells_the_state_in_the_store_and_the_thread_repeats_no
     proc = start_detector(kafka_bootstrap, prefix, sqlite_url, log)
     try:
         wait_committed(kafka_bootstrap, prefix, expected, proc)
-        emu.wait_for(
-            lambda e: _caught_up(sqlite_url, last_line_at),
-            timeout=WAIT_S,
-            what="the store caught up with the input and the outbox sent",
-        )
-        shown, state = _root_shows_the_store(emu, sqlite_url)
+        shown, state = _root_shows_the_store(emu, sqlite_url, last_line_at)
     finally:
         status = stop(proc)
     assert status == 0, log.read_text()[-3000:]
@@ -315,12 +318,7 @@ def test_a_decision_clicked_in_slack_is_told_once_and_the_root_follows_the_store
         )
         rest = {t: produce(kafka_bootstrap, t, path, skip=first[t]) for t, path in topics.items()}
         wait_committed(kafka_bootstrap, prefix, {t: first[t] + rest[t] for t in topics}, proc)
-        emu.wait_for(
-            lambda e: _caught_up(sqlite_url, last_line_at),
-            timeout=WAIT_S,
-            what="the store caught up with the input and the outbox sent",
-        )
-        shown, state = _root_shows_the_store(emu, sqlite_url)
+        shown, state = _root_shows_the_store(emu, sqlite_url, last_line_at)
     finally:
         status = stop(proc)
     assert status == 0, log.read_text()[-3000:]
