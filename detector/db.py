@@ -11,6 +11,8 @@ import functools
 import logging
 import os
 import sqlite3
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -144,6 +146,58 @@ def make_engine(url: str) -> Engine:
         is_file = _sqlite_file(parsed) is not None
         event.listen(engine, "connect", _sqlite_on_connect(wal=is_file))
     return engine
+
+
+class WriteTurns:
+    """Turns at one SQLite database's write lock among the threads of this process.
+
+    SQLite has one writer at a time (https://www.sqlite.org/lockingv3.html; in WAL mode too,
+    https://www.sqlite.org/wal.html): a thread that finds the lock taken sleeps in SQLite's
+    busy handler, and the stream loop, which writes batch after batch with no pause between
+    them, takes it again before the sleeper wakes. The Slack sender's one write before it
+    posts then waited seconds. Here a thread that asks for a turn waits on a condition, not
+    in the busy handler, and the loop (``after_others``) lets every waiting thread take its
+    turn before it starts its next batch.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held = False
+        self._waiting = 0
+
+    @contextmanager
+    def turn(self, *, after_others: bool = False) -> Iterator[None]:
+        """Hold the write turn for the block; ``after_others``: let waiting threads go first."""
+        with self._cond:
+            self._waiting += not after_others
+            self._cond.wait_for(lambda: not self._held and (not after_others or not self._waiting))
+            self._waiting -= not after_others
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
+
+
+_TURNS: weakref.WeakKeyDictionary[Engine, WriteTurns] = weakref.WeakKeyDictionary()
+_TURNS_LOCK = threading.Lock()
+
+
+@contextmanager
+def write_turn(session: Session, *, after_others: bool = False) -> Iterator[None]:
+    """Hold this process's write turn at the session's SQLite database for the block (see
+    ``WriteTurns``); on other databases, which lock rows and not the whole file, nothing."""
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    if engine.dialect.name != "sqlite":
+        yield
+        return
+    with _TURNS_LOCK:
+        turns = _TURNS.setdefault(engine, WriteTurns())
+    with turns.turn(after_others=after_others):
+        yield
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

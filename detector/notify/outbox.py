@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
 from sqlalchemy.orm import Session
 
+from detector import db
 from detector.db import insert_ignore, store_errors
 from detector.incidents.models import Incident, TimelineEntry
 from detector.notify.models import Notification, NotificationThread
@@ -134,8 +135,13 @@ def take(
     its event time is within ``coalesce_s`` of the reply's first row; a reply keeps its rows
     once grouped (key ``<incident id>-<first row id>``), so a retry posts the same reply. The
     attempts are on record before Slack is called: one in one transaction, the sender's only
-    write before it posts. Raises StoreError.
+    write before it posts, in this process's write turn (``db.write_turn``). Raises StoreError.
     """
+    with db.write_turn(session):
+        return _take(session, incident_id, lease_s, coalesce_s)
+
+
+def _take(session: Session, incident_id: int, lease_s: float, coalesce_s: float) -> Delivery | None:
     now = datetime.now(UTC)
     stale = now - timedelta(seconds=lease_s)
     stmt = (
@@ -178,16 +184,18 @@ def renew(*, session: Session, thread: NotificationThread, lease_s: float) -> No
     """Extend the sender's lease when a quarter of it has passed (a slow Slack keeps it)."""
     now = datetime.now(UTC)
     if thread.claimed_at is None or now - thread.claimed_at > timedelta(seconds=lease_s / 4):
-        thread.claimed_at = now
-        session.commit()
+        with db.write_turn(session):
+            thread.claimed_at = now
+            session.commit()
 
 
 @store_errors
 def release(*, session: Session, thread: NotificationThread, error: str = "") -> None:
     """Give the lease back with the delivery's error ("" when none); commit what was marked."""
-    thread.claimed_at = None
-    thread.error = error[:500]
-    session.commit()
+    with db.write_turn(session):
+        thread.claimed_at = None
+        thread.error = error[:500]
+        session.commit()
 
 
 def _group(rows: Sequence[Notification], incident_id: int, coalesce_s: float) -> None:
@@ -203,10 +211,14 @@ def _group(rows: Sequence[Notification], incident_id: int, coalesce_s: float) ->
 
 @store_errors
 def mark_sent(*, session: Session, batch: str, ts: str) -> None:
-    """Mark a reply's rows sent as Slack message ``ts`` (committed by ``release``)."""
-    session.execute(
-        update(Notification)
-        .where(Notification.batch == batch)
-        .values(sent_at=datetime.now(UTC), ts=ts, error="")
-        .execution_options(synchronize_session=False)
-    )
+    """Mark a reply's rows sent as Slack message ``ts`` and commit (with what the sender
+    changed on the thread): a crash after it never posts the reply again, and no write lock
+    is held while the next reply is posted."""
+    with db.write_turn(session):
+        session.execute(
+            update(Notification)
+            .where(Notification.batch == batch)
+            .values(sent_at=datetime.now(UTC), ts=ts, error="")
+            .execution_options(synchronize_session=False)
+        )
+        session.commit()

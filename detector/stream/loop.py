@@ -33,6 +33,7 @@ from typing import Protocol
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from detector import db
 from detector.config import Settings
 from detector.correlate.coverage import SignalCoverage
 from detector.correlate.identity import WorkloadRef
@@ -212,8 +213,9 @@ class StreamLoop:
                 return len(polled)
         started = time.perf_counter()
         try:
-            offsets = self._process(records)
-            self._session.commit()
+            with db.write_turn(self._session, after_others=True):
+                offsets = self._process(records)
+                self._session.commit()
         except Exception:
             # the retry takes these one by one, to find a record that fails on its own
             self._suspects = {_record_id(r) for r in records} - self._isolated.keys()
@@ -421,8 +423,9 @@ class StreamLoop:
         )  # fmt: skip
 
     def _answer_questions(self) -> None:
-        self.processor.finish(self._session)
-        self._session.commit()
+        with db.write_turn(self._session, after_others=True):
+            self.processor.finish(self._session)
+            self._session.commit()
         self._on_commit()
         self._dirty = False
         self._export_coverage(self.processor.coverage)
