@@ -27,6 +27,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy.orm import Session
 
+from detector import db
 from detector.config import Settings
 from detector.errors import ApprovalError, NotifyError, StoreError
 from detector.notify import flows
@@ -147,7 +148,7 @@ class Interactions:
             plan=click.plan,
         )
         try:
-            with self._make_session() as session:
+            with self._make_session() as session, db.write_turn(session):
                 flows.decide(request, session=session, approvers=self._approvers,
                              slack=self._settings.slack)  # fmt: skip
                 session.commit()
