@@ -18,6 +18,7 @@ from detector.actuators.base import ActuatorError, Status
 from detector.actuators.kubernetes.api import KubeApi
 from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
+    IngressNginxAdmission,
     IngressNginxRateLimit,
     IngressRateLimit,
 )
@@ -27,9 +28,11 @@ from detector.actuators.kubernetes.workloads import (
     DeploymentTarget,
     PodEvictor,
 )
+from detector.actuators.nginx.config import AdmissionRule
 
 __all__ = ["api", "kube"]  # fixtures, used by name
 NS = "inference"
+PROXY_BODY = "nginx.ingress.kubernetes.io/proxy-body-size"
 DEPLOY = f"/apis/apps/v1/namespaces/{NS}/deployments/llama"
 POD = f"/api/v1/namespaces/{NS}/pods/llama-7d9f-abcde"
 INGRESS_PUBLIC = f"/apis/networking.k8s.io/v1/namespaces/{NS}/ingresses/llama-public"
@@ -576,6 +579,37 @@ def test_ingress_limits_apply_and_revert_exactly(kube: FakeKube, api: KubeApi) -
     final = kube.get(INGRESS_PUBLIC)
     assert original is not None and final is not None
     assert final["metadata"]["annotations"] == original["metadata"]["annotations"]
+
+
+def test_ingress_quarantine_sets_proxy_body_size_and_restores_each_ingress(
+    kube: FakeKube, api: KubeApi
+) -> None:
+    limited = {"nginx.ingress.kubernetes.io/limit-rps": "5", "owner": "ml"}
+    public = kube.get(kube.put(ingress("llama-public", {**limited, PROXY_BODY: "8m"})))
+    internal = kube.get(kube.put(ingress("llama-internal", limited)))
+    actuator = IngressNginxAdmission(api, NS, ["llama-public", "llama-internal"])
+    plan = actuator.plan(AdmissionRule(48 * 1024 + 100))
+    assert plan.summary == "proxy-body-size 48k: larger requests get 413 (ingress-nginx)"
+
+    assert actuator.apply(plan, dry_run=False).status is Status.OK
+    for path in (INGRESS_PUBLIC, INGRESS_INTERNAL):
+        now = kube.get(path)
+        assert now is not None
+        assert now["metadata"]["annotations"] == {**limited, PROXY_BODY: "48k"}
+    assert actuator.verify(plan).status is Status.OK
+    assert actuator.revert(plan, dry_run=False).status is Status.OK
+
+    patches = _sent(kube, "PATCH")
+    assert [p.body["metadata"]["annotations"] for p in patches] == [
+        {PROXY_BODY: "48k"},
+        {PROXY_BODY: "48k"},
+        {PROXY_BODY: "8m"},  # the value the Ingress had
+        {PROXY_BODY: None},  # none before: the controller's default again
+    ]
+    for path, before in ((INGRESS_PUBLIC, public), (INGRESS_INTERNAL, internal)):
+        final = kube.get(path)
+        assert before is not None and final is not None
+        assert final["metadata"]["annotations"] == before["metadata"]["annotations"]
 
 
 def test_unreadable_controller_configmap_is_a_note_not_a_failure(

@@ -18,6 +18,7 @@ from detector.actuators.kong import KongLimit
 from detector.actuators.kubernetes.api import KubeApi, ObjectRef
 from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
+    IngressNginxAdmission,
     IngressNginxRateLimit,
     IngressRateLimit,
 )
@@ -27,6 +28,7 @@ from detector.runbooks.bindings.envoy import envoy_limit_from_step
 from detector.runbooks.bindings.kong import limit_from_step
 from detector.runbooks.bindings.kubernetes import (
     gateway_policies,
+    ingress_admission,
     ingress_bound_note,
     ingress_limit_from_step,
     ingress_limits,
@@ -189,3 +191,21 @@ def test_plans_carry_the_aggregate_in_their_summary() -> None:
     assert isinstance(
         gateway_policies(kube, cfg).actuator(("llm", "vllm-llama")), EnvoyGatewayRateLimit
     )
+
+
+def test_ingress_nginx_quarantines_on_the_rate_limits_ingresses() -> None:
+    ingress = {"metadata": {"name": "vllm-llama", "namespace": "llm", "resourceVersion": "7"}}
+    kube = StubKube({("ingresses.networking.k8s.io", "llm", "vllm-llama"): ingress})
+    cfg = KubernetesSettings(ingresses={"llm/vllm-llama": ["public", "internal"]})
+    binding = ingress_admission(kube, cfg)
+    quarantine = step(
+        {"namespace": "llm", "ingress": "vllm-llama", "max_body_bytes": "49152"},
+        Action.QUARANTINE_REQUESTS,
+    )
+    assert binding.key_of_step(quarantine) == ("llm", ("public", "internal"))
+    alone = ingress_admission(kube, KubernetesSettings()).plan_step(quarantine)
+    assert alone.target == "kubernetes:ingresses.networking.k8s.io/llm/vllm-llama"
+    assert [c.after for c in alone.changes] == [
+        'metadata.annotations[nginx.ingress.kubernetes.io/proxy-body-size]: "48k"\n'
+    ]
+    assert isinstance(binding.actuator(("llm", ("public",))), IngressNginxAdmission)

@@ -12,6 +12,13 @@ retries.
 Source: https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/annotations/#rate-limiting
 , https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/configmap/ .
 
+``IngressNginxAdmission`` (``quarantine_requests``) sets ``proxy-body-size`` on the same
+Ingresses: ingress-nginx renders it as nginx's ``client_max_body_size`` in their locations, so
+a request with a larger body is answered 413 before it is proxied; revert restores the value
+the Ingress had (none: the controller's ConfigMap ``proxy-body-size``, 1m by default). Source:
+https://kubernetes.github.io/ingress-nginx/user-guide/nginx-configuration/annotations/ ("Custom
+max body size").
+
 ``EnvoyGatewayRateLimit`` (``enable_rate_limit``) puts a local rate limit (answers 429) on a
 route through an Envoy Gateway ``BackendTrafficPolicy`` (gateway.envoyproxy.io/v1alpha1): it
 creates the policy, or changes ``spec.rateLimit`` of an existing one of that name; revert
@@ -51,12 +58,14 @@ from detector.actuators.kubernetes.patch import (
     nested,
     render_fields,
 )
+from detector.actuators.nginx.config import AdmissionRule
 
 PREFIX = "nginx.ingress.kubernetes.io/"
 LIMIT_RPS = PREFIX + "limit-rps"
 LIMIT_CONNECTIONS = PREFIX + "limit-connections"
 LIMIT_BURST_MULTIPLIER = PREFIX + "limit-burst-multiplier"
 ANNOTATIONS = (LIMIT_RPS, LIMIT_CONNECTIONS, LIMIT_BURST_MULTIPLIER)
+PROXY_BODY_SIZE = PREFIX + "proxy-body-size"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpu-oom-cascade-detector"}
 RATE_LIMIT_UNITS = ("Second", "Minute", "Hour", "Day")
 _POLICY_FIELDS = ("spec.targetRefs", "spec.rateLimit")
@@ -124,6 +133,7 @@ class IngressNginxRateLimit(KubernetesActuator):
     """Set ingress-nginx rate-limit annotations on Ingresses; note a 503 status code."""
 
     action: ClassVar[str] = "enable_rate_limit"
+    annotations: ClassVar[tuple[str, ...]] = ANNOTATIONS  # the ones it sets and restores
 
     def __init__(
         self,
@@ -186,7 +196,7 @@ class IngressNginxRateLimit(KubernetesActuator):
         return ObjectRef(INGRESSES, namespace, name)
 
     def _fields(self, target: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return annotation_fields(obj, "metadata.annotations", ANNOTATIONS)
+        return annotation_fields(obj, "metadata.annotations", self.annotations)
 
     def _request(
         self, target: str, obj: dict[str, Any] | None, desired: dict[str, Any] | None
@@ -199,6 +209,28 @@ class IngressNginxRateLimit(KubernetesActuator):
             return None
         body = deep_merge(body, {"metadata": {"resourceVersion": resource_version(obj, ref)}})
         return ApiRequest(Verb.PATCH, ref, body)
+
+
+class IngressNginxAdmission(IngressNginxRateLimit):
+    """Refuse requests over a body size with 413 on Ingresses (``proxy-body-size``)."""
+
+    action: ClassVar[str] = "quarantine_requests"
+    annotations: ClassVar[tuple[str, ...]] = (PROXY_BODY_SIZE,)
+
+    def plan(self, rule: AdmissionRule) -> Plan:  # type: ignore[override]
+        """Return the plan that sets ``proxy-body-size`` to the rule's size on every Ingress.
+
+        Raises ActuatorError (``not_found``, the API's errors).
+        """
+        changes = []
+        with self._mutex:
+            for name in self.ingresses:
+                target = f"{INGRESSES.label}/{self.namespace}/{name}"
+                before = self.read(target)
+                desired = _keyed({PROXY_BODY_SIZE: rule.size})
+                changes.append(Change(target, before, render_fields(desired)))
+        summary = f"proxy-body-size {rule.size}: larger requests get 413 (ingress-nginx)"
+        return Plan(self.action, self.target, tuple(changes), summary)
 
 
 def _keyed(annotations: Mapping[str, str]) -> dict[str, str]:

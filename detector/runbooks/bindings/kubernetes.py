@@ -16,7 +16,8 @@ account, ``retries = 0``) serves every workload; each step's params name the obj
   another, a Rollout with ``workloadRef`` or blueGreen, flags in a shell string) is planned
   by ``ManualFallback`` as what to do by hand, and fails with reason ``manual``;
 - ``enable_rate_limit``: ingress-nginx annotations on the step's Ingress (or the mapped ones),
-  or an Envoy Gateway BackendTrafficPolicy on its HTTPRoute.
+  or an Envoy Gateway BackendTrafficPolicy on its HTTPRoute;
+- ``quarantine_requests``: ingress-nginx's ``proxy-body-size`` on the same Ingresses.
 
 ``ceilings_from_step``, ``ingress_limit_from_step`` and ``policy_requests_from_step`` turn a
 planned step's params into what those actuators take.
@@ -48,6 +49,7 @@ from detector.actuators.kubernetes.api import (
 from detector.actuators.kubernetes.controllers import CONTROLLERS
 from detector.actuators.kubernetes.gateways import (
     EnvoyGatewayRateLimit,
+    IngressNginxAdmission,
     IngressNginxRateLimit,
     IngressRateLimit,
 )
@@ -74,6 +76,7 @@ from detector.config import KubernetesSettings
 from detector.errors import ConfigError
 from detector.runbooks.bindings.base import StepActuator
 from detector.runbooks.bindings.keyed import KeyedBinding, workload_of
+from detector.runbooks.bindings.nginx import admission_from_step
 from detector.runbooks.definition import Action
 from detector.runbooks.planner import PlannedStep
 from detector.runbooks.rate_limits import aggregate_limit
@@ -476,20 +479,40 @@ def evictions(
 IngressKey = tuple[str, tuple[str, ...]]
 
 
-def ingress_limits(
-    api: KubeApi, cfg: KubernetesSettings
-) -> KeyedBinding[IngressKey, IngressNginxRateLimit]:
-    """Return the ``enable_rate_limit`` binding through ingress-nginx annotations."""
-    configmap = (cfg.controller_configmap_namespace, cfg.controller_configmap_name)
+def _ingress_key_of_step(cfg: KubernetesSettings) -> Callable[[PlannedStep], IngressKey]:
+    """Return the step -> (namespace, Ingresses) of ``cfg.ingresses`` (default: the step's)."""
 
     def key_of_step(step: PlannedStep) -> IngressKey:
         key = workload_of(step, "ingress")
         namespace, ingress = key.split("/")
         return namespace, tuple(cfg.ingresses.get(key) or [ingress])
 
-    def key_of_plan(plan: Plan) -> IngressKey:
-        namespace, names = _target_parts(plan.target, "ingresses.networking.k8s.io")[:2]
-        return namespace, tuple(names.split(","))
+    return key_of_step
+
+
+def _ingress_key_of_plan(plan: Plan) -> IngressKey:
+    namespace, names = _target_parts(plan.target, "ingresses.networking.k8s.io")[:2]
+    return namespace, tuple(names.split(","))
+
+
+def ingress_admission(
+    api: KubeApi, cfg: KubernetesSettings
+) -> KeyedBinding[IngressKey, IngressNginxAdmission]:
+    """Return the ``quarantine_requests`` binding through ingress-nginx's ``proxy-body-size``
+    on the Ingresses the rate limit uses."""
+    return KeyedBinding(
+        key_of_step=_ingress_key_of_step(cfg),
+        key_of_plan=_ingress_key_of_plan,
+        build=lambda key: IngressNginxAdmission(api, key[0], list(key[1])),
+        plan_for=lambda act, step: act.plan(admission_from_step(step)),
+    )
+
+
+def ingress_limits(
+    api: KubeApi, cfg: KubernetesSettings
+) -> KeyedBinding[IngressKey, IngressNginxRateLimit]:
+    """Return the ``enable_rate_limit`` binding through ingress-nginx annotations."""
+    configmap = (cfg.controller_configmap_namespace, cfg.controller_configmap_name)
 
     def plan_for(act: IngressNginxRateLimit, step: PlannedStep) -> Plan:
         plan = act.plan(ingress_limit_from_step(step))
@@ -497,8 +520,8 @@ def ingress_limits(
         return replace(plan, summary=f"{plan.summary}; {note}") if note else plan
 
     return KeyedBinding(
-        key_of_step=key_of_step,
-        key_of_plan=key_of_plan,
+        key_of_step=_ingress_key_of_step(cfg),
+        key_of_plan=_ingress_key_of_plan,
         build=lambda key: IngressNginxRateLimit(
             api, key[0], list(key[1]), controller_configmap=configmap
         ),

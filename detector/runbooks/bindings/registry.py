@@ -11,8 +11,9 @@ dry-run; otherwise it reads and records the exact change.
   (``containment.kubernetes``), Kong's ``rate-limiting`` plugin (``containment.kong``), or
   Envoy's local rate limit switched on at runtime (``containment.envoy``);
 - ``quarantine_requests``: plain nginx's admission include (``containment.nginx`` with
-  ``admission_include``) when nginx is the gateway; other gateways: a dry-run record of the
-  rule (not driven yet);
+  ``admission_include``) when nginx is the gateway, ingress-nginx's ``proxy-body-size`` on
+  the rate limit's Ingresses when ingress-nginx is; other gateways (Kong, Envoy): a dry-run
+  record of the rule (not driven yet);
 - ``lower_batch_ceiling``: ``containment.batch_ceiling_driver()``: the engine args or env
   in the pod template of the workload's controller, a Deployment, StatefulSet, Argo Rollout
   or LeaderWorkerSet (``kubernetes``), a Triton model reload (``triton``) or Ray Serve
@@ -60,6 +61,7 @@ from detector.runbooks.bindings.kubernetes import (
     ceilings,
     evictions,
     gateway_policies,
+    ingress_admission,
     ingress_limits,
     kube_api,
 )
@@ -88,6 +90,8 @@ def step_actuators(settings: Settings) -> dict[str, StepActuator]:
             registry[Action.ENABLE_RATE_LIMIT.value] = _rate_limiter(gateway, c, kube)
         if gateway == "nginx" and c.nginx is not None and c.nginx.admission_include is not None:
             registry[Action.QUARANTINE_REQUESTS.value] = _nginx_admission(c.nginx)
+        if gateway == "ingress-nginx" and kube is not None and c.kubernetes is not None:
+            registry[Action.QUARANTINE_REQUESTS.value] = ingress_admission(kube, c.kubernetes)
         if target is not None:
             registry[Action.LOWER_BATCH_CEILING.value] = _ceiling(target, c, kube)
     except ActuatorError as exc:
