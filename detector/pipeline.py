@@ -237,6 +237,12 @@ class Processor:
             return (self.record, self.contain, self.notify)
         return (self.record, self.contain)
 
+    def forget_rows(self) -> None:
+        """Drop the store rows cached from the caller's session (its transaction ended in a
+        failure and the session was replaced); the correlator's state is kept, the rows are
+        read again by key and the series written again whole (idempotent)."""
+        self.recorder = IncidentRecorder()
+
     def process(self, parsed: Parsed, session: Session) -> DeadLetter | None:
         """Observe one record within the caller's transaction; return its new dead letter.
 

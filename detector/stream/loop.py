@@ -299,6 +299,7 @@ class StreamLoop:
         _warn_unless_copartitioned(partitions)
         if lost:
             self._offsets_reset(lost, "the broker lost its commits")
+            self.processor.forget_rows()  # cached from the session a failure may have closed
             for partition, commit in commits.items():
                 source.seek(
                     partition, source.beginning(partition) if commit is None else commit.offset

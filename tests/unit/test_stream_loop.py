@@ -552,3 +552,35 @@ def test_containment_that_fails_on_a_record_keeps_its_committed_stage(
     assert store["runbook_steps"] and evidence[row.source_position] < min(
         t["time"] for t in store["timeline_entries"] if t["kind"] == "step"
     )
+
+
+class AmnesicSource(FakeSource):
+    """A broker that lost the group's commits: every partition reads as never committed."""
+
+
+def test_a_failed_batch_on_a_broker_that_lost_its_commits_goes_on_in_the_new_session(
+    loop_parts: tuple[Settings, StreamLoop, FakeSink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state is kept (the broker no longer holds the window to rebuild it), but the rows
+    the processor cached belonged to the session the failure closed: every retry failed with
+    "not persistent within this Session" and the stream stalled."""
+    _, loop, _ = loop_parts
+    logs = records("logs", CASCADE / "container-logs.jsonl", 700)
+    opening = next(i for i, r in enumerate(logs) if b"CUDA out of memory" in r.value)
+    source = AmnesicSource([logs[: opening + 1], logs[opening + 1 :], logs[opening + 1 :]])
+    loop.attach(source)
+    loop.step()  # the incident opened: its row is cached by the processor
+    assert loop.processor.recorder.incidents
+    processor = loop.processor
+    real_commit, failed = Session.commit, {"left": 1}
+
+    def commit(self: Session) -> None:
+        if failed["left"]:
+            failed["left"] -= 1
+            raise StoreError("database down")
+        real_commit(self)
+
+    monkeypatch.setattr(Session, "commit", commit)
+    _run_until(loop, source, lambda: len(source.commits) > 1 and not source.batches)
+    assert loop.processor.correlator is processor.correlator  # the state was kept
+    assert source.commits[-1][("logs", 0)].offset == 700
