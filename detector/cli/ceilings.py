@@ -22,13 +22,8 @@ from typing import Annotated, Any
 
 import typer
 
-from detector.capacity.ceilings import (
-    EngineLog,
-    ModelShape,
-    Request,
-    compute,
-    parse_model_config,
-)
+from detector.capacity.ceilings import EngineLog, Request, compute
+from detector.capacity.model_config import ModelShape, parse_model_config
 from detector.capacity.sizing import GIB, KNOWN_ENGINES
 from detector.cli.exits import fail, interruptible
 from detector.errors import ConfigError

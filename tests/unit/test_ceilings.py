@@ -15,11 +15,9 @@ from typing import Any
 
 import pytest
 
-from detector.capacity.ceilings import (
-    EngineLog,
+from detector.capacity.ceilings import EngineLog, Request, compute
+from detector.capacity.model_config import (
     ModelShape,
-    Request,
-    compute,
     dtype_bytes,
     estimate_parameters,
     parse_model_config,
