@@ -8,7 +8,8 @@ Output: JSON lines on standard output, or one JSON document with ``--report``.
 - default: one object per input line: ``file``, ``line``, ``id`` (if given), ``gpu_oom`` (true,
   false or "ambiguous"), ``verdict``, ``framework``, ``reason``, ``bytes_tried``,
   ``capacity_bytes``, ``free_bytes``, ``gpu_index`` (null where unknown), ``quoted`` when the OOM
-  text is another component's HTTP error body; a malformed line gives ``error`` instead.
+  text is another component's HTTP error body, ``accelerator`` and ``sharing_layer`` when the
+  line shows them; a malformed line gives ``error`` instead.
 - ``--multiline``: each file is one log stream; one object per OOM event (its first OOM line,
   wrapped messages joined, repeats merged; see ``detector.events.multiline``) with ``excerpt``.
 - ``--report``: precision and recall for gpu_oom and a confusion table over rows labelled with
@@ -39,6 +40,7 @@ MAX_LINE_BYTES = MAX_RECORD_BYTES  # a longer line is too_large, as replay and r
 EXCERPT_CHARS = 300  # --multiline prints this much of each OOM's text
 TEXT_KEYS = ("text", "log", "message")  # a JSON record's line, in order of preference
 MAX_MISMATCHES = 50  # --report lists at most this many misclassified rows
+DEVICE_FIELDS = ("accelerator", "sharing_layer")  # given when the line shows them
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +70,23 @@ def classify_cmd(
     """Classify log lines as GPU OOM or not; print JSON lines (or a report with --report).
 
     Known wordings (PyTorch, vLLM, TGI, SGLang, TensorRT, TensorFlow, JAX...)
-    are read with their numbers. Any other line is a GPU OOM by its shape:
-    a memory-exhaustion phrase or status (out of memory, OOM, OutOfMemory,
-    *_ALLOC(ATION)_FAILED, bad_alloc, cannot allocate, could not be allocated)
-    with accelerator context on the line (CUDA, cu* libraries, HIP/ROCm, MPS,
-    NPU, XPU, TPU, GPU, device memory, RMM, thrust, TensorRT, a device index).
-    An out-of-memory phrase without that context is "ambiguous". Host
-    look-alikes (OOM killer, OOMKilled, Java/JavaScript heap, ENOMEM, CPU
-    allocators, pinned host memory) are not GPU OOMs.
+    are read with their numbers. Any other line is a GPU/accelerator OOM by
+    its shape, whatever the vendor: an allocation-failure phrase (out of
+    memory, OOM, OutOfMemory, RESOURCE_EXHAUSTED, allocation failed, failed
+    to allocate, cannot allocate, not enough space to allocate, insufficient
+    memory, *_OUT_OF_DEVICE_MEMORY, *_ALLOCATION_FAILURE) together with
+    evidence that the memory is an accelerator's: a device/DRAM/HBM/VRAM/pool
+    word, a device index (GPU 0, CUDA0, device:DML:0), or an accelerator API
+    or runtime (CUDA, ROCm/HIP, TPU/XLA, Gaudi/HPU, Ascend/NPU/CANN,
+    Tenstorrent, Metal, Vulkan, SYCL/Level Zero, DirectML, OpenCL, TensorRT).
+    An out-of-memory phrase without that evidence is "ambiguous", and so is
+    a wrapper that re-raises an OOM whose cause is on another line (Ray's
+    RayTaskError(OutOfMemoryError)). Host look-alikes (OOM killer,
+    OOMKilled, Java/JavaScript heap, MemoryError, ENOMEM, Ray's node memory
+    monitor, pinned host memory) and lines of a scheduler that recovers on
+    its own (SGLang's retracted requests, a retried smaller batch, a skipped
+    TensorRT tactic) are not GPU OOMs. A GPU OOM row also names the
+    accelerator family and a GPU-sharing layer (HAMi) when the line shows one.
     """
     sources = paths or ["-"]
     out = sys.stdout
@@ -215,6 +226,9 @@ def _fields(verdict: Classification | None) -> dict[str, Any]:
     fields.update({key: getattr(verdict, key) for key in NUMBER_FIELDS})
     if verdict.quoted:
         fields["quoted"] = True
+    for key in DEVICE_FIELDS:
+        if getattr(verdict, key) is not None:
+            fields[key] = getattr(verdict, key)
     return fields
 
 

@@ -252,6 +252,10 @@ def oom_summary(sig: Signal) -> str:
     parts = [f"GPU OOM in pod {sig.pod}"]
     if a.get("framework"):
         parts.append(f"({a['framework']})")
+    if a.get("accelerator"):
+        parts.append(f"on {a['accelerator']}")
+    if a.get("sharing_layer"):
+        parts.append(f"under the {a['sharing_layer']} GPU-sharing quota")
     if a.get("bytes_tried") is not None:
         parts.append(f"tried {a['bytes_tried'] / 2**30:.2f} GiB")
     if a.get("free_bytes") is not None:

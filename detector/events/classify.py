@@ -8,10 +8,11 @@ process's OOM text) are read here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from detector.events import accelerators as acc
 from detector.events import classify_patterns as pat
 
 
@@ -37,6 +38,10 @@ class Classification:
     gpu_index: int | None = None
     reason: str = ""
     quoted: bool = False  # the OOM text sits in an HTTP error body logged by another component
+    # the accelerator family the line names (cuda, rocm, tpu, hpu, npu ...) and a GPU-sharing
+    # layer with its own memory quota (hami, vgpu): descriptions, not part of the verdict
+    accelerator: str | None = field(default=None, compare=False)
+    sharing_layer: str | None = field(default=None, compare=False)
 
 
 NOT_GPU_OOM = Classification(OomClass.NOT_GPU_OOM)
@@ -91,26 +96,27 @@ def classify_line(text: str) -> Classification:
 
 
 def _general(text: str, lower: str) -> Classification | None:
-    """Apply the general rule: a memory-exhaustion phrase with accelerator context.
+    """Apply the general rule: device-memory exhaustion by its shape, whatever the vendor.
 
-    An out-of-memory phrase ("out of memory", "OOM", "OutOfMemory", "resource exhausted")
-    with a backend, GPU library, device allocator or device index on the line is GPU_OOM, and
-    AMBIGUOUS without one; an allocation-failure phrase ("*_ALLOCATION_FAILED", "bad_alloc",
-    "could not be allocated", "Cannot allocate N") counts only with that context. Host
-    look-alikes (``classify_patterns.GENERAL_HOST``) and INFO/DEBUG lines stay out. ``None``
-    when the rule is silent.
+    An allocation-failure phrase (out of memory, OOM, OutOfMemory, RESOURCE_EXHAUSTED,
+    allocation failed, failed to allocate, *_OUT_OF_DEVICE_MEMORY ...: ``accelerators``)
+    with evidence that the memory is an accelerator's (a device/DRAM/HBM/VRAM/buffer/pool
+    word, a device index, a GPU library, any vendor's API or runtime) is GPU_OOM; an
+    out-of-memory phrase without that evidence is AMBIGUOUS; an allocation-failure phrase
+    without it says nothing. Host look-alikes (``classify_patterns.GENERAL_HOST``,
+    ``accelerators.HOST_VETO``) and INFO/DEBUG lines stay out. ``None`` when the rule is
+    silent.
     """
     exhausted = _exhausted(lower, text)
-    if not exhausted:
-        for phrase in pat.ALLOC_FAILED:
-            if phrase in lower:
-                break
-        else:
-            return None
+    if not exhausted and not acc.alloc_failed(lower, text):
+        return None
     if pat.GENERAL_HOST.search(text) is not None or pat.INFO_LEVEL.search(text) is not None:
         return None
-    if _has_accelerator(lower, text):
-        framework = _refine(lower, pat.GENERAL_FRAMEWORK_HINTS, "cuda")
+    if acc.host_veto(text):
+        return None
+    if _has_accelerator(lower, text) or acc.device_evidence(lower, text):
+        family = acc.accelerator_of(lower, text)
+        framework = _refine(lower, pat.GENERAL_FRAMEWORK_HINTS, family or "cuda")
         if framework == "cuda":
             framework = _refine(lower, pat.CUDA_FRAMEWORK_HINTS, framework)
         return _decide(text, lower, OomClass.GPU_OOM, framework, "general_accelerator_oom")
@@ -187,6 +193,8 @@ def _build(
         gpu_index=int(index.group(1)) if index else None,
         reason=reason,
         quoted=_is_quoted(lower, text),
+        accelerator=acc.accelerator_of(lower, text),
+        sharing_layer=acc.sharing_layer_of(lower, text),
     )
 
 

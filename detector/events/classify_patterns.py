@@ -172,6 +172,12 @@ EXCLUDE: Final = _rules(
     (("hostalloc",), r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
     (("on host",), r"\balloc\w* \d+ bytes on host", AMB, "tensorflow", "pinned_host_memory"),
     (("may not be an issue",), r"OUT_OF_MEMORY.{0,20}may not be an issue", AMB, "cuda", "retried"),
+    # a scheduler or builder that recovers on its own: SGLang retracts requests
+    # (https://github.com/sgl-project/sglang/issues/4184), llama.cpp retries a smaller batch
+    # (https://github.com/ggml-org/llama.cpp/issues/14097), TensorRT skips a tactic
+    # (https://github.com/marcoslucianops/DeepStream-Yolo/issues/366)
+    (("retract",), r"out of memory happened\W{0,3}#?retract", NOT, "sglang", "scheduler_retract"),
+    (("retrying", "skipping tactic"), r"retrying with|Skipping tactic", NOT, None, "retried"),
 )
 
 GPU_RULES: Final = _rules(
@@ -241,6 +247,13 @@ GPU_RULES: Final = _rules(
         "kv_pool_sizing",
     ),
     (OOM, r"\bPrefill out of memory\b", GPU, "sglang", "prefill_oom"),
+    (  # the KV pool full, nothing left to retract: https://github.com/sgl-project/sglang/issues/4602
+        OOM,
+        r"\bDecode out of memory\. Try",
+        GPU,
+        "sglang",
+        "kv_pool_exhausted",
+    ),
     (OOM, r"\[TensorRT-LLM\].{0,200}out of memory", GPU, "tensorrt_llm", "cuda_runtime_oom"),
     (
         ("bfcarena",),
@@ -274,7 +287,7 @@ GPU_RULES: Final = _rules(
     ),
     (
         ("oom when allocating",),
-        r"OOM when allocating tensor.{0,200}?(?:device:GPU|GPU_\d+_bfc)",
+        r"OOM when allocating tensor.{0,200}?(?:device:(?:GPU|DML|XLA_\w+)|GPU_\d+_bfc)",
         GPU,
         "tensorflow",
         "tf_resource_exhausted",
@@ -356,6 +369,13 @@ GPU_RULES: Final = _rules(
 )
 
 AMBIGUOUS_RULES: Final = _rules(
+    (  # a wrapper re-raising a worker's OOM, its cause on another line: Ray's RayTaskError(X)
+        ("outofmemoryerror)",),
+        r"\w+Error\((?:\w+\.)*OutOfMemoryError\)",
+        AMB,
+        None,
+        "reraised_cause_elsewhere",
+    ),
     (
         ("oom when allocating",),
         r"OOM when allocating tensor",
@@ -515,26 +535,7 @@ JAX_FRAMEWORK_HINTS: Final = (("tensorflow", "tensorflow"),)
 # for the ones that need a word boundary ("OOM", not "room") or a gap ("ran out of GPU memory").
 EXHAUSTED_PHRASES: Final = ("out of memory", "out_of_memory", "outofmemory", "out-of-memory")
 EXHAUSTED: Final = re.compile(r"\bOOM\b|ran out of (?:\w+ )?memory", _I)
-# Phrases that mean an allocation failed (lower-case substrings, a plain scan being cheaper than
-# a case-blind regex): memory exhaustion only with accelerator context.
-ALLOC_FAILED: Final = (
-    "alloc failed",
-    "allocation failed",
-    "alloc_failed",
-    "allocation_failed",
-    "bad_alloc",
-    "badalloc",
-    "could not be allocated",
-    "cannot allocate",
-    "can't allocate",
-    "failed to allocate",
-    "unable to allocate",
-    "error allocating",
-    "maximum pool size exceeded",
-    "insufficient memory",
-    "insufficient gpu memory",
-    "insufficient device memory",
-)
+# The allocation-failure phrases and the device evidence of every vendor: accelerators.py.
 # Accelerator context: a backend, a GPU runtime or library, a device allocator, a device index;
 # ACCELERATOR_NEEDLES are lower-case substrings of every match (the cheap check first).
 ACCELERATOR_NEEDLES: Final = (

@@ -130,4 +130,8 @@ def _oom_attrs(verdict: Classification, kind: SignalKind) -> dict[str, Any]:
         attrs["ambiguous"] = True
     if verdict.quoted:
         attrs["quoted"] = True
+    if verdict.accelerator not in (None, "cuda"):  # CUDA, a GPU OOM's default, goes unsaid
+        attrs["accelerator"] = verdict.accelerator
+    if verdict.sharing_layer is not None:
+        attrs["sharing_layer"] = verdict.sharing_layer
     return attrs
