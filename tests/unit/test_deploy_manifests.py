@@ -36,6 +36,10 @@ from detector.actuators.kubernetes.api import (
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NOT_KUBERNETES = {"compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"}
+# a Helm chart (templates, values: tests/integration/test_helm_chart.py renders and checks it),
+# Prometheus rule files (tests/integration/test_health_rules.py), shipper configurations
+# (tests/unit/test_shipping_configs.py)
+NOT_MANIFEST_DIRS = {"helm", "prometheus", "shipping"}
 _PRIMITIVES: dict[str, type | tuple[type, ...]] = {
     "str": str,
     "int": int,
@@ -50,7 +54,7 @@ _PRIMITIVES: dict[str, type | tuple[type, ...]] = {
 def _documents() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for path in sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]):
-        if path.name in NOT_KUBERNETES:
+        if path.name in NOT_KUBERNETES or path.relative_to(DEPLOY).parts[0] in NOT_MANIFEST_DIRS:
             continue
         for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
             if doc is not None:
