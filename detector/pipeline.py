@@ -19,7 +19,13 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from detector import db
-from detector.config import Settings, SlackSettings, load_workload_map
+from detector.config import (
+    GrafanaSettings,
+    PagerDutySettings,
+    Settings,
+    SlackSettings,
+    load_workload_map,
+)
 from detector.correlate.correlator import Correlator
 from detector.correlate.coverage import SignalCoverage, of_workloads
 from detector.correlate.identity import WorkloadRef
@@ -189,7 +195,8 @@ BatchStage = Callable[[Batch, Session], None]
 class Processor:
     """The stage shared by replay and run: correlate each signal, then pass its decisions
     through the batch stages (``record`` -> ``contain`` -> ``notify``), in the caller's
-    transaction. ``notify`` queues Slack's messages in the outbox when ``slack.enabled``.
+    transaction. ``notify`` queues Slack's messages, PagerDuty's events and Grafana's
+    annotations in the outbox, for those configured (``notifying``).
 
     ``clock`` is the event time reached (the latest decision's); ``seen`` and ``verdicts``
     are the keys of the incidents and verdicts written, in order, for the replay's result;
@@ -208,6 +215,8 @@ class Processor:
     containment: ContainmentFlows
     slack: SlackSettings = field(default_factory=SlackSettings)
     drill: bool = False  # a replay: its Slack messages are labelled and mention no one
+    pagerduty: PagerDutySettings = field(default_factory=PagerDutySettings)
+    grafana: GrafanaSettings = field(default_factory=GrafanaSettings)
     recorder: IncidentRecorder = field(default_factory=IncidentRecorder)
     counts: EventCounts = field(default_factory=EventCounts)
     clock: float = 0.0
@@ -228,14 +237,20 @@ class Processor:
         )
         runbook = load_runbook(settings.runbook_path)
         flows = ContainmentFlows.from_settings(runbook, settings, step_actuators(settings))
-        return cls(correlator, flows, settings.slack, topics=tuple(settings.kafka.topics))
+        return cls(correlator, flows, settings.slack, topics=tuple(settings.kafka.topics),
+                   pagerduty=settings.pagerduty, grafana=settings.grafana)  # fmt: skip
 
     @property
     def stages(self) -> tuple[BatchStage, ...]:
         """Return the stages a batch of decisions goes through, in order."""
-        if self.slack.enabled:
+        if self.notifying:
             return (self.record, self.contain, self.notify)
         return (self.record, self.contain)
+
+    @property
+    def notifying(self) -> bool:
+        """Return True when the notify stage runs (Slack, PagerDuty or Grafana configured)."""
+        return self.slack.enabled or self.pagerduty.enabled or self.grafana.enabled
 
     def forget_rows(self) -> None:
         """Drop the store rows cached from the caller's session (its transaction ended in a
@@ -270,11 +285,11 @@ class Processor:
                 stage(batch, session)
             return
         self.record(batch, session)
-        if self.slack.enabled:
+        if self.notifying:
             self.notify(batch, session)
         checkpoint()
         self.contain(batch, session)
-        if self.slack.enabled:
+        if self.notifying:
             self.notify(batch, session)
 
     def record(self, batch: Batch, session: Session) -> None:
@@ -306,7 +321,8 @@ class Processor:
     def notify(self, batch: Batch, session: Session) -> None:
         """Queue what the batch added to the incidents' timelines for Slack (the outbox)."""
         for incident in batch.incidents.values():
-            notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
+            notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill,
+                               pagerduty=self.pagerduty, grafana=self.grafana)  # fmt: skip
 
     def finish(self, session: Session) -> None:
         """Advance containment, answer the questions and store the signal coverage of every
@@ -324,7 +340,9 @@ class Processor:
                 answer(incident, ctx, session=session)
                 self._cover(incident)
                 self.recorder.record_series(incident, self.correlator, session=session)
-                notify_flows.queue(incident, session=session, slack=self.slack, drill=self.drill)
+                notify_flows.queue(incident, session=session, slack=self.slack,
+                                   drill=self.drill, pagerduty=self.pagerduty,
+                                   grafana=self.grafana)  # fmt: skip
         self.recorder.forget_settled(self.correlator.context)
         self.counts.unattributed = self.correlator.unattributed
         self.counts.unattributed_by_reason = self.correlator.unattributed_by_reason.reasons()
@@ -373,16 +391,27 @@ def replay(
     progress: Callable[[int], None] | None = None,
     identity: LogIdentity | None = None,
     notify: bool = False,
+    page: bool = False,
+    annotate: bool = False,
 ) -> ReplayResult:
     """Run recorded files through the pipeline and store the result.
 
     ``progress`` is called with the byte size of each record read; ``identity`` names the
     pod of plain-text log lines (files that are one pod's raw log); ``notify`` queues Slack's
     messages, labelled as a drill, in the outbox (``detector.notify.slack.notifier.deliver``
-    sends them). Raises FileNotFoundError for a missing path, ConfigError/RunbookError/
-    StoreError on bad setup.
+    sends them); ``page`` and ``annotate`` queue PagerDuty's events and Grafana's annotations
+    (a drill pages no one and annotates nothing unless asked). Raises FileNotFoundError for a
+    missing path, ConfigError/RunbookError/StoreError on bad setup.
     """
     processor = Processor.from_settings(settings)
+    if not page:
+        processor.pagerduty = PagerDutySettings()  # a drill pages no one unless asked
+    elif not settings.pagerduty.enabled:
+        raise ConfigError("--page needs PagerDuty: set DETECTOR_PAGERDUTY__ROUTING_KEY")
+    if not annotate:
+        processor.grafana = GrafanaSettings()  # nor annotates dashboards
+    elif not settings.grafana.enabled:
+        raise ConfigError("--annotate needs Grafana: set DETECTOR_GRAFANA__URL and __TOKEN")
     if not notify:
         processor.slack = SlackSettings()  # a replay is quiet unless asked
     elif not settings.slack.enabled:

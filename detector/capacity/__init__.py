@@ -1,1 +1,2 @@
-"""Capacity arithmetic: KV-cache sizing, safe batch ceilings, number coercions. Pure."""
+"""Capacity arithmetic, pure: the model's shape from its config.json (``model_config``),
+KV-cache sizing and safe batch ceilings (``sizing``, ``ceilings``), number coercions."""

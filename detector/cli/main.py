@@ -24,6 +24,7 @@ from detector.cli.approvals import (
 from detector.cli.ceilings import ceilings_cmd
 from detector.cli.classify import classify_cmd
 from detector.cli.exits import INTERRUPTED, fail, interruptible
+from detector.cli.explain import explain_cmd
 from detector.cli.gpu import gpu_sample_cmd
 from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
@@ -35,6 +36,7 @@ from detector.config import Settings
 from detector.errors import DetectorError
 from detector.events.reader import total_bytes
 from detector.events.sources.raw_text import LogIdentity
+from detector.notify.senders import deliver as deliver_events
 from detector.notify.slack.notifier import deliver
 from detector.pipeline import replay
 from detector.report.document import ReplayResult, to_document
@@ -44,6 +46,7 @@ app = typer.Typer(help="Detect and contain GPU OOM cascading failures.", no_args
 PROGRESS_MIN_BYTES = 5 * 2**20  # show a progress bar for inputs larger than this
 app.command("classify")(classify_cmd)
 app.command("ceilings")(ceilings_cmd)
+app.command("explain")(explain_cmd)
 
 
 app.command("run")(run_cmd)
@@ -84,12 +87,19 @@ def replay_cmd(
     notify: Annotated[
         bool, typer.Option("--notify", help="post the incidents to Slack (DETECTOR_SLACK__*)")
     ] = False,
+    page: Annotated[
+        bool, typer.Option("--page", help="page PagerDuty too (DETECTOR_PAGERDUTY__*), a drill")
+    ] = False,
+    annotate: Annotated[
+        bool, typer.Option("--annotate", help="annotate Grafana too (DETECTOR_GRAFANA__*)")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Replay recorded streams, detect GPU OOM cascades, plan containment (dry-run).
 
     Plain-text logs (one pod's raw log, e.g. from kubectl logs) need --namespace and --pod.
-    With --notify, the incidents are posted to Slack as ``detector run`` would (a drill).
+    With --notify, the incidents are posted to Slack as ``detector run`` would (a drill);
+    PagerDuty is paged only with --page, Grafana annotated only with --annotate.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     err = Console(stderr=True)
@@ -105,6 +115,8 @@ def replay_cmd(
             console=err,
             identity=identity,
             notify=notify,
+            page=page,
+            annotate=annotate,
         )
     except (DetectorError, FileNotFoundError) as exc:
         fail(str(exc))
@@ -115,6 +127,8 @@ def replay_cmd(
         render_report(result, Console(), approvers=approvers, db=url)
     if notify:
         _deliver(settings, err)
+    if page or annotate:
+        _send_events(settings, err, page=page, annotate=annotate)
 
 
 def _run_replay(
@@ -125,15 +139,19 @@ def _run_replay(
     console: Console,
     identity: LogIdentity | None,
     notify: bool = False,
+    page: bool = False,
+    annotate: bool = False,
 ) -> ReplayResult:
     size = total_bytes(paths)
     if not show_progress or size < PROGRESS_MIN_BYTES:
-        return replay(paths, settings, identity=identity, notify=notify)
+        return replay(paths, settings, identity=identity, notify=notify, page=page,
+                      annotate=annotate)  # fmt: skip
     columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("replay", total=size)
         advance = lambda n: bar.advance(task, n)  # noqa: E731
-        return replay(paths, settings, progress=advance, identity=identity, notify=notify)
+        return replay(paths, settings, progress=advance, identity=identity, notify=notify,
+                      page=page, annotate=annotate)  # fmt: skip
 
 
 def _deliver(settings: Settings, err: Console) -> None:
@@ -151,6 +169,25 @@ def _deliver(settings: Settings, err: Console) -> None:
             f"detector running, or one that died: its lease ends within "
             f"{settings.slack.lease_s:.0f} s); {kept}"
         )
+        raise typer.Exit(1)
+
+
+def _send_events(settings: Settings, err: Console, *, page: bool, annotate: bool) -> None:
+    """Send what the replay queued for PagerDuty and Grafana; say what is left (it stays in
+    the outbox)."""
+    try:
+        found = deliver_events(settings, page=page, annotate=annotate)
+    except DetectorError as exc:
+        err.print(f"[red]error:[/red] {escape(printable(str(exc)))}")
+        raise typer.Exit(1) from exc
+    left = 0
+    for target, (sent, pending) in found.items():
+        err.print(f"{target}: {sent} events sent")
+        if pending:
+            err.print(f"[red]error:[/red] {target}: {pending} event(s) kept in the outbox "
+                      "(retried by the next replay, run or serve)")  # fmt: skip
+        left += pending
+    if left:
         raise typer.Exit(1)
 
 

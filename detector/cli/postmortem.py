@@ -3,7 +3,9 @@
 It reads the store of a running detector, so it never creates or migrates one
 (``db.require_head``). Without ``-o`` the document goes to stdout; with ``-o PATH`` it is
 written to PATH, and a Markdown document gets its plots beside it (``traffic.svg``,
-``pressure.svg``, which it links). Exit codes: 0 done; 2 error (unknown incident, no such
+``pressure.svg``, which it links); every format also gets the autoscaling action item beside
+it as a ready KEDA ScaledObject (``scaledobject-<namespace>-<name>.yaml``), or a line saying
+why there is none. Exit codes: 0 done; 2 error (unknown incident, no such
 store, bad settings, a file that cannot be written), said in one line on stderr.
 """
 
@@ -20,6 +22,7 @@ from detector import db
 from detector.cli.exits import interruptible
 from detector.cli.settings import cli_settings
 from detector.errors import DetectorError
+from detector.postmortem.autoscaling import DEFAULT_PROMETHEUS_URL  # yaml only: no pandas
 from detector.textsafe import printable
 
 if TYPE_CHECKING:
@@ -49,6 +52,10 @@ def postmortem_cmd(
     database_url: Annotated[
         str | None, typer.Option("--db", help="SQLAlchemy URL (default: DETECTOR_DATABASE__URL)")
     ] = None,
+    prometheus_url: Annotated[
+        str,
+        typer.Option(help="the Prometheus the autoscaling manifest's triggers query (with -o)"),
+    ] = DEFAULT_PROMETHEUS_URL,
 ) -> None:
     """Export the postmortem of an incident: impact, detection, causal chain, measured effects.
 
@@ -65,7 +72,11 @@ def postmortem_cmd(
         try:
             with db.session_factory(engine)() as session:
                 export = export_postmortem(
-                    session=session, ref=incident, fmt=fmt.value, settings=settings
+                    session=session,
+                    ref=incident,
+                    fmt=fmt.value,
+                    settings=settings,
+                    prometheus_url=prometheus_url,
                 )
         finally:
             engine.dispose()
@@ -80,6 +91,11 @@ def postmortem_cmd(
     except OSError as exc:
         _fail(f"cannot write {output}: {exc.strerror or exc}")
     typer.echo(printable(f"wrote {output}", one_line=True), err=True)
+    manifest = export.manifest
+    if manifest is not None:
+        said = f"wrote {output.parent / manifest.filename}" if manifest.text else None
+        said = said or f"no autoscaling manifest: {manifest.reason}"
+        typer.echo(printable(said, one_line=True), err=True)
 
 
 def _write(export: Export, output: Path) -> None:
@@ -87,6 +103,8 @@ def _write(export: Export, output: Path) -> None:
     output.write_bytes(export.data)
     for name, svg in export.plots:
         (output.parent / name).write_text(svg, encoding="utf-8")
+    if export.manifest is not None and export.manifest.text is not None:
+        (output.parent / export.manifest.filename).write_text(export.manifest.text, "utf-8")
 
 
 def _fail(message: str) -> NoReturn:

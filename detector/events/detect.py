@@ -8,7 +8,8 @@ JSON ``log-format-upstream``), prometheus-kafka-adapter (``name``/``value``/``la
 Vector metric events (``name``/``kind`` + ``gauge``/``counter``..., or ``native_json``'s
 ``metric``), Kubernetes Events (``involvedObject`` / ``regarding``), Pods (``kind: Pod`` or
 metadata/spec/status), lists (``kind: *List`` with ``items``, or a JSON array) and the
-envelopes of event shippers (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``).
+envelopes of event shippers (eventrouter ``event``, OpenTelemetry ``body``, watch ``object``),
+and the OpenTelemetry Collector's ``otlp_json`` logs requests (``resourceLogs``).
 Text lines are CRI log lines, bare ingress-nginx (and other load-balancer) access lines,
 nvidia-smi CSV rows, Prometheus exposition lines, ``kubectl logs --prefix`` lines, and, when
 the caller gives their identity, plain log lines. Multi-line text records (whole files from
@@ -31,7 +32,13 @@ import msgspec
 from detector.errors import ParseError
 from detector.events.container_log import signals_from_log_line
 from detector.events.model import LogLine, Signal, SourcePos
-from detector.events.sources import ingress_nginx, ingress_nginx_json, lb_access, vector_metric
+from detector.events.sources import (
+    ingress_nginx,
+    ingress_nginx_json,
+    lb_access,
+    otlp_json,
+    vector_metric,
+)
 from detector.events.sources.cri import parse_cri_line
 from detector.events.sources.dcgm import signals_from_exposition_line
 from detector.events.sources.docker_json import parse_docker_record
@@ -426,6 +433,8 @@ def _from_object(
     items = obj.get("items")
     if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
         return _from_items(items, source, default_time, identity, depth)
+    if otlp_json.is_otlp_logs(obj):
+        return _from_otlp(obj, source, default_time, identity, depth)
     inner = _envelope(obj)
     if inner is not None and depth < _MAX_NESTING:
         return _from_object(inner, source, default_time, identity, depth + 1)
@@ -456,6 +465,28 @@ def _from_fluentbit(
         if signals:
             return signals
     return signals_from_log(line, source)
+
+
+def _from_otlp(
+    obj: dict[str, Any],
+    source: SourcePos,
+    default_time: float | None,
+    identity: LogIdentity | None,
+    depth: int,
+) -> list[Signal]:
+    """Read an OpenTelemetry Collector logs request (``otlp_json``): each container line as a
+    log line, each Kubernetes object (k8sobjects) as an object; an object that fails is
+    skipped unless every one fails, as in a List."""
+    out: list[Signal] = []
+    objects: list[Any] = []
+    for record in otlp_json.otlp_log_records(obj, default_time):
+        if isinstance(record, LogLine):
+            out.extend(signals_from_log(_fallback(record, identity), source))
+        else:
+            objects.append(record)
+    if objects:
+        out.extend(_from_items(objects, source, default_time, identity, depth))
+    return out
 
 
 def _shipper_hint(obj: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from detector.correlate.state import (
     VictimAdded,
 )
 from detector.db import greatest, store_errors, to_datetime, upsert
-from detector.incidents import service
+from detector.incidents import lifecycle, service
 from detector.incidents.models import Evidence, EvidenceKind, Incident, SeriesValue
 from detector.incidents.questions import answer_questions
 
@@ -70,7 +70,13 @@ class IncidentRecorder:
         if isinstance(d, IncidentOpened):
             self.forget_settled(contexts)  # keeps the cache as small as the correlator's
         incident = self._incident(d, session)
-        if isinstance(d, StageChanged):
+        if isinstance(d, StageChanged) and lifecycle.resolved_by_person(session, incident):
+            # a person resolved it: the detector's contained/resolved add nothing; a new
+            # cascade reopens it
+            if d.stage is Stage.CASCADING:
+                lifecycle.reopen(session=session, incident=incident, why=d.reason,
+                                 victims=len(incident.victims), time=d.time)  # fmt: skip
+        elif isinstance(d, StageChanged):
             service.set_stage(session=session, incident=incident, stage=d.stage.value, time=d.time)
             note(session, incident, d.time, "stage", f"stage -> {d.stage.value}: {d.reason}",
                  f"stage:{d.stage.value}:{int(d.time)}")  # fmt: skip
@@ -78,9 +84,12 @@ class IncidentRecorder:
             if ctx is not None:
                 answer(incident, ctx, session=session)
         elif isinstance(d, VictimAdded):
-            service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time)
+            added = service.add_victim(session=session, incident=incident, pod=d.pod, time=d.time)
             message = f"victim #{d.position}: pod {d.pod} died of GPU OOM"
             note(session, incident, d.time, "signal", message, f"victim:{d.pod}")
+            if added:  # a person's resolve does not outlive a new death
+                lifecycle.reopen(session=session, incident=incident, victims=d.position,
+                                 why=f"pod {d.pod} died of GPU OOM", time=d.time)  # fmt: skip
         elif isinstance(d, EvidenceAdded):
             _evidence(incident, d, session)
         return incident

@@ -48,6 +48,8 @@ class EvidenceKind(StrEnum):
     NEXT_VICTIM = "next_victim"  # a forecast: the survivor whose pressure reaches its ceiling next
     REQUEST_HELD = "request_held"  # a request a victim failed as it died: the largest so far
     START_FAILED = "start_failed"  # a pod could not start: its GPU's memory is still held
+    ALERT = "alert"  # an Alertmanager alert whose name maps to none of our signals: context
+    HARDWARE_FAULT = "hardware_fault"  # an XID/ECC alert: the GPU failed, not its memory
 
 
 class TimelineKind(StrEnum):
@@ -270,3 +272,37 @@ class DeadLetter(Base):
     def source(self) -> SourcePos:
         """Return the source record position (partition None for files)."""
         return _source(self.source_origin, self.source_partition, self.source_position)
+
+
+class Alert(Base):
+    """One Alertmanager alert as delivered (``detector.incidents.alerts``), once per status.
+
+    ``dedupe_key`` (unique) is the SHA-256 of the group key, fingerprint, status and start:
+    Alertmanager's HA peers, retries and repeats deliver the same alert again
+    (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config). ``signal`` is
+    what its name maps to; ``outcome``: ``evidence`` (joined ``incident_id``), ``seen`` (no
+    incident of its workload open), ``verdict`` (a hardware fault), ``unattributed``.
+    """
+
+    __tablename__ = "alertmanager_alerts"
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(64), unique=True)
+    group_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    alertname: Mapped[str] = mapped_column(String(255))
+    signal: Mapped[str] = mapped_column(String(32))
+    outcome: Mapped[str] = mapped_column(String(32))
+    namespace: Mapped[str | None] = mapped_column(String(255))
+    pod: Mapped[str | None] = mapped_column(String(255))
+    workload: Mapped[str | None] = mapped_column(String(255))
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    starts_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    generator_url: Mapped[str] = mapped_column(Text, default="")
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime())  # wall clock
+    incident_id: Mapped[int | None] = mapped_column(
+        IdType, ForeignKey("incidents.id", ondelete="SET NULL")
+    )

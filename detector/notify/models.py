@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from detector.db import Base, IdType, UTCDateTime
@@ -51,4 +51,33 @@ class Notification(Base):
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # wall clock
     ts: Mapped[str | None] = mapped_column(String(32))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+
+
+class OutboxEvent(Base):
+    """One event for a service beside Slack (``target``: ``pagerduty``), sent once.
+
+    Written in the transaction of the timeline entry that causes it, unique per
+    (target, dedupe_key); a sender claims it under a lease (``claimed_at``), counts the attempt
+    before the call, marks ``sent_at`` after; ``due_at`` holds a retry back (Retry-After,
+    back-off). ``detector.notify.pagerduty.queue`` writes and claims them.
+    """
+
+    __tablename__ = "outbox_events"
+    __table_args__ = (
+        UniqueConstraint("target", "dedupe_key"),
+        Index("ix_outbox_events_pending", "target", "sent_at"),
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(IdType, ForeignKey("incidents.id", ondelete="CASCADE"))
+    target: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(32))  # trigger | acknowledge | resolve
+    dedupe_key: Mapped[str] = mapped_column(String(255))
+    time: Mapped[datetime] = mapped_column(UTCDateTime())  # the cause's event time
+    due_at: Mapped[datetime] = mapped_column(UTCDateTime())  # not sent before (wall clock)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    drill: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str] = mapped_column(Text, default="")

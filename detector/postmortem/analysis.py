@@ -367,6 +367,9 @@ def _latest_config(f: Frames, key: str, pod: str | None = None) -> Any:
     return _attr(row, key) if row is not None else None
 
 
+_DEVICE_KEYS = ("accelerator", "sharing_layer")  # what the OOM line says of the device
+
+
 def _oom_text(row: Any) -> str:
     a = row.attrs or {}
     figures = []
@@ -378,7 +381,8 @@ def _oom_text(row: Any) -> str:
             free += f" of {a['capacity_bytes'] / GIB:.2f} GiB"
         figures.append(free)
     said = "; ".join(figures) if figures else "no allocation figures in the line"
-    return f"pod {row.pod} died of GPU OOM at {hms(row.time)}: {said}"
+    where = "".join(f", {k.replace('_', ' ')} {a[k]}" for k in _DEVICE_KEYS if a.get(k))
+    return f"pod {row.pod} died of GPU OOM at {hms(row.time)}: {said}{where}"
 
 
 def _link(

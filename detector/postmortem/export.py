@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import pandas as pd
@@ -26,7 +26,7 @@ from detector.db import store_errors
 from detector.errors import PostmortemError
 from detector.incidents import service
 from detector.incidents.schemas import VerdictOut
-from detector.postmortem import analysis
+from detector.postmortem import analysis, autoscaling, checks
 from detector.postmortem.plots import (
     PRESSURE_FILE,
     TRAFFIC_FILE,
@@ -53,6 +53,8 @@ class Export:
 
     ``plots`` are (file name, SVG text), the files a Markdown document links beside it
     (``traffic.svg``, ``pressure.svg``); the HTML has them inline; JSON describes them.
+    ``manifest``: the autoscaling action item as a KEDA ScaledObject (``autoscaling``), or why
+    there is none; None for a verdict.
     """
 
     text: str
@@ -60,6 +62,7 @@ class Export:
     media_type: str
     filename: str
     plots: tuple[tuple[str, str], ...] = ()
+    manifest: autoscaling.Manifest | None = None
 
     @property
     def data(self) -> bytes:
@@ -67,10 +70,18 @@ class Export:
         return self.text.encode("utf-8")
 
 
-def export_postmortem(*, session: Session, ref: str, fmt: str, settings: Settings) -> Export:
+def export_postmortem(
+    *,
+    session: Session,
+    ref: str,
+    fmt: str,
+    settings: Settings,
+    prometheus_url: str = autoscaling.DEFAULT_PROMETHEUS_URL,
+) -> Export:
     """Return the postmortem of incident ``ref`` (or the verdict it names) in ``fmt``.
 
-    ``fmt``: md, html or json. Raises PostmortemError, StoreError.
+    ``fmt``: md, html or json; ``prometheus_url``: the Prometheus the autoscaling manifest's
+    triggers query. Raises PostmortemError, StoreError.
     """
     if fmt not in FORMATS:
         raise PostmortemError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
@@ -88,16 +99,19 @@ def export_postmortem(*, session: Session, ref: str, fmt: str, settings: Setting
     sent = load_delivery(session=session, incident_id=found.id)
     delivery = sent.model_dump(mode="json") if sent is not None else None
     content = analysis.analyse(inc, incident_document(inc), frames, th, delivery)
+    sizing = checks.served_limit(frames.lb, frames.bucket_s, th.window_s, th.error_ratio)
+    manifest = autoscaling.autoscaling_manifest(content, sizing, prometheus_url)
     marks, down = analysis.markers(frames), down_spans(inc)
     if fmt == "json":
         plots = describe(series, marks, down, bucket_s=SERIES_BUCKET_S)
-        return _export(content, fmt, f"postmortem-{found.id}", (), plots)
+        found_json = _export(content, fmt, f"postmortem-{found.id}", (), plots)
+        return replace(found_json, manifest=manifest)
     with _DRAWING:
         svgs = (
             (TRAFFIC_FILE, traffic_plot(series, marks, bucket_s=SERIES_BUCKET_S)),
             (PRESSURE_FILE, pressure_plot(series, marks, down, bucket_s=SERIES_BUCKET_S)),
         )
-    return _export(content, fmt, f"postmortem-{found.id}", svgs)
+    return replace(_export(content, fmt, f"postmortem-{found.id}", svgs), manifest=manifest)
 
 
 def _export(

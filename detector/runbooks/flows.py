@@ -18,6 +18,7 @@ Everything runs within the caller's transaction (the caller commits).
 from __future__ import annotations
 
 import getpass
+import time
 from collections.abc import Collection, Mapping, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -28,8 +29,9 @@ from detector.config import Settings
 from detector.correlate.context import IncidentContext
 from detector.correlate.state import Decision, Stage, StageChanged, VictimAdded
 from detector.errors import ApprovalError
+from detector.incidents import lifecycle
 from detector.incidents.flows import decision_time, jsonable, note
-from detector.incidents.models import Incident
+from detector.incidents.models import Incident, TimelineEntry
 from detector.runbooks import approvals, controls
 from detector.runbooks import service as run_service
 from detector.runbooks.bindings.base import StepActuator
@@ -239,6 +241,12 @@ class DecisionKind(StrEnum):
     DISARM = "disarm"
     KILL_SWITCH_ON = "kill_switch_on"
     KILL_SWITCH_OFF = "kill_switch_off"
+    ACKNOWLEDGE = "acknowledge"  # the incident's lifecycle (``incidents.lifecycle``)
+    RESOLVE = "resolve"
+    SNOOZE = "snooze"
+
+
+LIFECYCLE = frozenset({DecisionKind.ACKNOWLEDGE, DecisionKind.RESOLVE, DecisionKind.SNOOZE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,15 +268,19 @@ class DecisionRequest:
     plan: str = ""  # approve/deny: the digest of the plan the person saw ("": the pending one)
     force: bool = False  # arm: a workload the store has never seen
     host: str = ""  # controls: the machine the face ran on (the CLI's host name)
+    minutes: int = 0  # snooze: how long
 
 
 @dataclass(frozen=True, slots=True)
 class DecisionResult:
-    """What a decision changed: the step's approval row, or the switch's row."""
+    """What a decision changed: the step's approval row, the switch's row, or the incident
+    and its lifecycle entry."""
 
     request: DecisionRequest
     approval: StepApproval | None = None
     control: Control | None = None
+    incident: Incident | None = None
+    entry: TimelineEntry | None = None
 
 
 def decide(
@@ -303,6 +315,8 @@ def decide(
             plan=request.plan or None,
         )
         return DecisionResult(request, approval=row)
+    if kind in LIFECYCLE:
+        return _lifecycle(request, session=session, approvers=approvers, now=now)
     by = request.actor or getpass.getuser()
     if kind in (DecisionKind.ARM, DecisionKind.DISARM):
         scope, name = approvals.workload_scope(request.workload), approvals.ARMED
@@ -318,6 +332,27 @@ def decide(
     )
     control = session.get(Control, (scope, name))
     return DecisionResult(request, control=control)
+
+
+def _lifecycle(
+    request: DecisionRequest, *, session: Session, approvers: Collection[str], now: float | None
+) -> DecisionResult:
+    """Acknowledge, resolve or snooze an incident (``incidents.lifecycle``), in wall-clock
+    time, after the approvers' allow-list check. Raises ApprovalError."""
+    lifecycle.check_allowed(request.actor, approvers)
+    incident = approvals.find_incident(session=session, ref=request.incident)
+    at = time.time() if now is None else now
+    actor, via = request.actor, request.via
+    if request.kind is DecisionKind.ACKNOWLEDGE:
+        entry = lifecycle.acknowledge(session=session, incident=incident, actor=actor, via=via,
+                                      time=at)  # fmt: skip
+    elif request.kind is DecisionKind.RESOLVE:
+        entry = lifecycle.resolve(session=session, incident=incident, actor=actor, via=via,
+                                  reason=request.reason, time=at)  # fmt: skip
+    else:
+        entry = lifecycle.snooze(session=session, incident=incident, actor=actor, via=via,
+                                 minutes=request.minutes, time=at)  # fmt: skip
+    return DecisionResult(request, incident=incident, entry=entry)
 
 
 def _require_known_workload(session: Session, scope: str) -> None:

@@ -18,6 +18,7 @@ from detector.events.detect import parse_record
 from detector.events.model import Signal, SourcePos
 from detector.events.reader import iter_files, read_records
 from detector.events.streams import Stream, file_stream
+from detector.notify.senders import workers
 from detector.notify.slack.notifier import Notifier
 from detector.stream.consumer import KafkaSource, Partition
 from detector.stream.loop import StreamLoop
@@ -37,6 +38,14 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     sink = KafkaSink(kafka.bootstrap_servers, bootstrap_timeout_ms=kafka.bootstrap_timeout_ms)
     make_session = db.session_factory(engine)
     notifier = Notifier(settings, make_session) if settings.slack.enabled else None
+    events = workers(settings, make_session)  # PagerDuty, Grafana: when configured
+
+    def on_commit() -> None:
+        if notifier is not None:
+            notifier.wake()
+        for worker in events:
+            worker.wake()
+
     try:
         ensure_topics(
             kafka.bootstrap_servers,
@@ -46,11 +55,13 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
             bootstrap_timeout_ms=kafka.bootstrap_timeout_ms,
         )
         _log_configuration(settings)  # once the store and the broker answered
-        loop = StreamLoop(settings, make_session, sink,
-                          on_commit=notifier.wake if notifier else lambda: None)  # fmt: skip
+        loop = StreamLoop(settings, make_session, sink, on_commit=on_commit)
         if notifier is not None:
             notifier.start()
             log.info("notifying slack channel=%s", settings.slack.channel or "per namespace")
+        for worker in events:
+            worker.start()
+            log.info("sending outbox events worker=%s", worker.name)
         if kafka.metrics_port:
             loop.metrics.serve(kafka.metrics_port)
             log.info("serving /metrics port=%d", kafka.metrics_port)
@@ -68,6 +79,8 @@ def run_stream(settings: Settings, stop: threading.Event) -> None:
     finally:
         if notifier is not None:
             notifier.stop()
+        for worker in events:
+            worker.stop()
         sink.close()
         engine.dispose()
 

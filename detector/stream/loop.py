@@ -28,6 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Protocol
 
 from sqlalchemy import text
@@ -41,6 +42,8 @@ from detector.errors import ParseError, StoreError, StreamError
 from detector.events.model import SourcePos
 from detector.pipeline import Parsed, Processor, parse_checked
 from detector.stream.consumer import Committed, Partition, Record
+from detector.stream.health import PROBE_EVERY_S, probe
+from detector.stream.keycheck import SAMPLE_MASK, KeyCheck
 from detector.stream.metrics import LoopMetrics
 from detector.stream.producer import Headers
 from detector.stream.reorder import ReorderBuffer
@@ -125,6 +128,7 @@ class StreamLoop:
         self._backoff_s = 0.0
         self._dirty = False  # incidents changed since their questions were last answered
         self._unkeyed: set[str] = set()  # topics with signals in unkeyed records
+        self._keys = KeyCheck()  # sampled: do keys name the workload of their records?
         # records of the last batch that failed: retried one by one until it passes
         self._suspects: set[RecordId] = set()
         # records whose own processing failed: dead-lettered with the error, never re-processed
@@ -134,6 +138,7 @@ class StreamLoop:
         # incident or changed its stage, so that row is committed without waiting for the rest
         self._pending: list[Record] = []
         self._coverage_due = 0.0  # monotonic time of the next export of the signal coverage
+        self._health_due = 0.0  # monotonic time of the next probe of the store's health
         self._unflushed = False  # dead letters sent since the sink was last flushed
 
     def _new_processor(self) -> Processor:
@@ -172,17 +177,22 @@ class StreamLoop:
     def run(self, stop: threading.Event) -> None:
         """Process batches until ``stop`` is set; the batch in hand is finished first."""
         while not stop.is_set():
+            self._probe_health()
             try:
                 if self.step() == 0 and self._dirty:
                     self._answer_questions()
             except Isolated as exc:
                 log.warning("record isolated from its batch, dead-lettering it %s", exc)
+                self.metrics.batch_failures.labels("isolated").inc()
                 self._recover(stop)
             except (StoreError, StreamError) as exc:
                 log.warning("batch failed, retrying error=%s backoff_s=%.1f", exc, self._backoff_s)
+                cause = "store" if isinstance(exc, StoreError) else "stream"
+                self.metrics.batch_failures.labels(cause).inc()
                 self._recover(stop)
             except Exception:  # the loop boundary: log the context, keep the stream going
                 log.exception("batch failed unexpectedly assignment=%s", self._assignment())
+                self.metrics.batch_failures.labels("unexpected").inc()
                 self._recover(stop)
         if self._dirty:
             self._answer_questions()
@@ -271,6 +281,7 @@ class StreamLoop:
         """Update the loop's metrics after a committed batch."""
         m = self.metrics
         m.batch_seconds.observe(seconds)
+        m.last_record.set_to_current_time()
         for topic, count in Counter(record.topic for record in records).items():
             m.consumed.labels(topic).inc(count)
         m.open_incidents.set(self.processor.correlator.open_incidents)
@@ -334,6 +345,12 @@ class StreamLoop:
                     "but scaling out needs records keyed by workload (see detector produce)",
                     record.topic,
                 )
+            elif (  # keycheck.sampled, inlined: this runs per record
+                record.key is not None
+                and parsed.signals
+                and (not record.offset & SAMPLE_MASK or record.topic not in self._keys.checked)
+            ):
+                self._check_key(record.topic, record.key, parsed)
             key = (record.topic, record.partition)
             touched.add(key)
             done = self._done.get(key)
@@ -380,6 +397,12 @@ class StreamLoop:
             ) from exc
         savepoint.commit()
         return parsed, new
+
+    def _check_key(self, topic: str, key: bytes, parsed: Parsed) -> None:
+        """Count a sampled keyed record whose key is not its workload (``stream.keycheck``)."""
+        resolve = self.processor.correlator.resolver.resolve
+        if self._keys.check(topic, key, map(resolve, parsed.signals)):
+            self.metrics.key_mismatch.labels(topic).inc()
 
     def _names(self, parsed: Parsed) -> bool:
         """Tell whether a record names a workload (one of its signals resolves to one)."""
@@ -470,6 +493,18 @@ class StreamLoop:
             kafka.rebuild_max_records, *partition, committed.offset,
         )  # fmt: skip
         return max(self.source.beginning(partition), committed.offset - kafka.rebuild_max_records)
+
+    def _probe_health(self) -> None:
+        """Export the store's health (``stream.health``) when due, in a session of its own."""
+        if time.monotonic() < self._health_due:
+            return
+        self._health_due = time.monotonic() + PROBE_EVERY_S
+        try:
+            with self._make_session() as session:
+                self.metrics.set_health(probe(session, datetime.now(UTC)))
+        except Exception as exc:  # the loop boundary: any failure means the store is down
+            log.warning("store health probe failed error=%s", exc)
+            self.metrics.set_health(None)
 
     def _recover(self, stop: threading.Event) -> None:
         """Roll back, wait (exponential back-off, capped), then re-read from the commits."""

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from detector.correlate.coverage import SignalCoverage
 from detector.correlate.identity import WorkloadRef
 from detector.stream.consumer import Partition
+from detector.stream.health import StoreHealth
 
 # workloads whose coverage is exported: the correlator's (each named by a signal, a named
 # controller kept, a one-pod workload forgotten idle past the window), open incidents first
@@ -59,6 +60,13 @@ class LoopMetrics:
             ["topic"],
             registry=self.registry,
         )
+        self.key_mismatch = Counter(
+            "detector_key_mismatch",
+            "Sampled records whose Kafka key is not the namespace/workload their signals name "
+            "(a workload's records then miss its partition number on this topic)",
+            ["topic"],
+            registry=self.registry,
+        )
         self.open_incidents = Gauge(
             "detector_open_incidents", "Incidents not yet resolved", registry=self.registry
         )
@@ -74,6 +82,39 @@ class LoopMetrics:
             "1 for each signal the workload has not seen, labelled with why: no lines, not "
             "attributed, other workloads only, format not read",
             ["workload", "signal", "reason"],
+            registry=self.registry,
+        )
+        # the detector's own health (deploy/prometheus/detector-rules.yaml alerts on these)
+        self.last_record = Gauge(
+            "detector_last_record_timestamp_seconds",
+            "Wall clock (Unix seconds) of the last batch of records committed",
+            registry=self.registry,
+        )
+        self.batch_failures = Counter(
+            "detector_batch_failures",
+            "Batches that failed and were retried, by cause: store (the database), stream "
+            "(Kafka), isolated (one record failed on its own), unexpected",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.store_up = Gauge(
+            "detector_store_up",
+            "1 when the incident store answered the last health probe, else 0",
+            registry=self.registry,
+        )
+        self.outbox_pending = Gauge(
+            "detector_slack_outbox_pending",
+            "Timeline entries queued for Slack and not sent yet",
+            registry=self.registry,
+        )
+        self.outbox_oldest = Gauge(
+            "detector_slack_outbox_oldest_pending_age_seconds",
+            "Seconds since the event time of the oldest entry queued for Slack (0: none)",
+            registry=self.registry,
+        )
+        self.failed_actions = Gauge(
+            "detector_actuator_failed_actions",
+            "Live actuator actions the store records as failed, all time",
             registry=self.registry,
         )
         self._seen: set[tuple[str, ...]] = set()  # the label sets exported last
@@ -107,6 +148,14 @@ class LoopMetrics:
         for labels in self._seen - seen:
             self.signal_seen.remove(*labels)
         self._seen, self._missing = seen, missing
+
+    def set_health(self, health: StoreHealth | None) -> None:
+        """Export the store's health numbers; None: the store did not answer."""
+        self.store_up.set(0 if health is None else 1)
+        if health is not None:
+            self.outbox_pending.set(health.outbox_pending)
+            self.outbox_oldest.set(health.outbox_oldest_s)
+            self.failed_actions.set(health.failed_actions)
 
     def set_lag(self, lag: dict[Partition, int]) -> None:
         """Record the consumer lag per partition."""

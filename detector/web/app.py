@@ -26,8 +26,9 @@ from starlette.middleware.sessions import SessionMiddleware
 
 from detector import db
 from detector.config import Settings
+from detector.notify.senders import workers
 from detector.notify.slack.notifier import Notifier
-from detector.web import api, approvals, pages, sessions, slack
+from detector.web import alertmanager, api, approvals, lifecycle, pages, sessions, slack
 from detector.web.auth import Auth
 from detector.web.context import WebContext
 from detector.web.limits import BoundedBody
@@ -94,11 +95,16 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.slack.enabled:
             ctx.notifier = Notifier(settings, ctx.make_session)
             ctx.notifier.start()
+        ctx.workers = workers(settings, ctx.make_session)  # PagerDuty, Grafana
+        for worker in ctx.workers:
+            worker.start()
         try:
             yield
         finally:
             if ctx.notifier is not None:
                 ctx.notifier.stop()
+            for worker in ctx.workers:
+                worker.stop()
             engine.dispose()
 
     app = FastAPI(
@@ -138,10 +144,13 @@ def create_app(settings: Settings) -> FastAPI:
         https_only=settings.web.base_url.startswith("https://"),
         max_age=sessions.SESSION_MAX_AGE_S,
     )
-    app.add_middleware(BoundedBody, bearer=ctx.auth.bearer)  # added last: the outermost
+    # added last: the outermost; the Alertmanager receiver also takes basic auth
+    app.add_middleware(BoundedBody, bearer=alertmanager.edge_auth(ctx.auth))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(api.router)
+    app.include_router(lifecycle.router)  # before approvals' catch-all POST
     app.include_router(approvals.router)
+    app.include_router(alertmanager.router)
     app.include_router(slack.router)
     app.include_router(pages.router)
     return app

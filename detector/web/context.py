@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
 from detector.config import Settings
+from detector.notify.delivery import Worker
 from detector.notify.slack.notifier import Notifier
 from detector.web.auth import Auth
 
@@ -20,6 +21,7 @@ class WebContext:
     auth: Auth
     make_session: Callable[[], Session] | None = None
     notifier: Notifier | None = None
+    workers: list[Worker] = field(default_factory=list)  # PagerDuty, Grafana
 
     def session(self) -> Session:
         """Open a store session; the store is opened at startup."""
@@ -27,6 +29,8 @@ class WebContext:
         return self.make_session()
 
     def changed(self) -> None:
-        """Tell the Slack sender that a decision added to the outbox."""
+        """Tell the senders (Slack, PagerDuty) that a decision added to the outbox."""
         if self.notifier is not None:
             self.notifier.wake()
+        for worker in self.workers:
+            worker.wake()

@@ -42,6 +42,8 @@ def decide(request: Request, decision: DecisionRequest) -> DecisionResult:
                 session=session,
                 approvers=tuple(settings.containment.approvers),
                 slack=settings.slack,
+                pagerduty=settings.pagerduty,
+                grafana=settings.grafana,
             )
             session.commit()
     except ApprovalError as exc:

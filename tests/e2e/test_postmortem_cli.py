@@ -156,7 +156,7 @@ def test_two_exports_are_the_same_bytes_with_their_plots(store: Store, tmp_path:
         proc = detector("postmortem", KEY, "--db", store.url, "-o", str(tmp_path / name / "pm.md"))
         assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert files == ["pm.md", "pressure.svg", "traffic.svg"]
+    assert files == ["pm.md", "pressure.svg", "scaledobject-llm-vllm-llama.yaml", "traffic.svg"]
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     md = (tmp_path / "a" / "pm.md").read_text()

@@ -1,1 +1,2 @@
-"""Plain nginx rate limit: the include files it writes (config.py) and the actuator (limiter.py)."""
+"""Plain nginx: the rate limit and the admission rule (``client_max_body_size``) as the include
+files it writes (config.py), and their actuators (limiter.py)."""

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from detector.notify.slack import lifecycle
 from detector.notify.slack.mrkdwn import code, code_block, cut, text
 from detector.report.document import decidable, past_expiry
 from detector.report.now import StateNow
@@ -52,6 +53,7 @@ class ActionId(StrEnum):
 
     APPROVE = "approve_step"
     DENY = "deny_step"
+    LIFECYCLE = lifecycle.ACTION_ID  # the on-call menu: acknowledge, snooze, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ def root_message(
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": cut(title, 150)}},
         _section(_summary(inc, doc)),
+        lifecycle.block(inc, options.now),
     ]
     if now is not None:
         blocks.append(_section(_now(now)))

@@ -7,7 +7,9 @@ is parsed once into a ``Click``. The Slack user is mapped to an approver of the 
 through ``detector.notify.flows.decide`` (the decide flow, then the outbox), so the message
 is updated by the sender like any other change. A user not on the list, a step expired,
 withdrawn or already decided, or a plan that changed since the message was drawn is told
-why in an ephemeral message (``chat.postEphemeral``), and nothing changes. The transports
+why in an ephemeral message (``chat.postEphemeral``), and nothing changes. The root message's
+on-call menu (an overflow, ``detector.notify.slack.lifecycle``) acknowledges, snoozes or
+resolves the incident through the same flow and checks. The transports
 (signed HTTP in ``detector.web``, Socket Mode in ``detector.notify.slack.socket``) verify
 and acknowledge first, then call ``Interactions.handle``.
 """
@@ -31,6 +33,7 @@ from detector import db
 from detector.config import Settings
 from detector.errors import ApprovalError, NotifyError, StoreError
 from detector.notify import flows
+from detector.notify.slack import lifecycle
 from detector.notify.slack.blocks import ActionId
 from detector.notify.slack.mrkdwn import text
 from detector.runbooks.flows import DecisionKind, DecisionRequest
@@ -52,6 +55,8 @@ class Click:
     step: int = 0
     plan: str = ""
     unreadable: bool = False
+    act: str = ""  # the on-call menu's choice: acknowledge, snooze, resolve
+    minutes: int = 0  # snooze
 
 
 class _Id(BaseModel):
@@ -62,9 +67,22 @@ class _Container(BaseModel):
     channel_id: str | None = None
 
 
+class _Option(BaseModel):
+    value: str = ""
+
+
 class _Action(BaseModel):
     action_id: str
     value: str = ""
+    selected_option: _Option | None = None  # an overflow menu's choice
+
+
+class _LifecycleValue(BaseModel):
+    """An on-call menu option's value (``slack.lifecycle.option_value``)."""
+
+    i: StrictInt = Field(ge=1)
+    a: Literal["acknowledge", "snooze", "resolve"]
+    m: StrictInt = Field(0, ge=0, le=24 * 60)
 
 
 class _Payload(BaseModel):
@@ -101,6 +119,13 @@ def parse_click(payload: Mapping[str, Any]) -> Click | None:
     channel = channel or (parsed.container.channel_id if parsed.container else None)
     if not channel:
         return None
+    if kind is ActionId.LIFECYCLE:
+        option = parsed.actions[0].selected_option
+        try:
+            life = _LifecycleValue.model_validate_json(option.value if option else "")
+        except ValidationError:
+            return Click(parsed.user.id, channel, kind, unreadable=True)
+        return Click(parsed.user.id, channel, kind, str(life.i), act=life.a, minutes=life.m)
     try:
         value = _Value.model_validate_json(parsed.actions[0].value)
     except ValidationError:
@@ -138,19 +163,12 @@ class Interactions:
                 "you are not on the approver allow-list: ask for `slack:"
                 f"{text(click.user_id, 40)}` (or your e-mail) in DETECTOR_CONTAINMENT__APPROVERS",
             )
-        approve = click.action is ActionId.APPROVE
-        request = DecisionRequest(
-            DecisionKind.APPROVE if approve else DecisionKind.DENY,
-            "slack",
-            approver,
-            incident=click.incident,
-            step=str(click.step),
-            plan=click.plan,
-        )
+        request = _request(click, approver)
         try:
             with self._make_session() as session, db.write_turn(session):
                 flows.decide(request, session=session, approvers=self._approvers,
-                             slack=self._settings.slack)  # fmt: skip
+                             slack=self._settings.slack, pagerduty=self._settings.pagerduty,
+                             grafana=self._settings.grafana)  # fmt: skip
                 session.commit()
         except ApprovalError as exc:
             why = exc.detail or exc.reason
@@ -185,6 +203,23 @@ class Interactions:
         except (SlackApiError, SlackClientError, OSError) as exc:
             log.warning("ephemeral refusal failed user=%s error=%s", click.user_id, exc)
         return why
+
+
+def _request(click: Click, approver: str) -> DecisionRequest:
+    """Return the decision of a click: approve/deny a step, or the on-call menu's act."""
+    if click.action is ActionId.LIFECYCLE:
+        reason = lifecycle.RESOLVE_REASON if click.act == "resolve" else ""
+        return DecisionRequest(DecisionKind(click.act), "slack", approver, reason,
+                               incident=click.incident, minutes=click.minutes)  # fmt: skip
+    approve = click.action is ActionId.APPROVE
+    return DecisionRequest(
+        DecisionKind.APPROVE if approve else DecisionKind.DENY,
+        "slack",
+        approver,
+        incident=click.incident,
+        step=str(click.step),
+        plan=click.plan,
+    )
 
 
 def signed_payload(body: bytes, timestamp: str, signature: str, secret: str) -> dict[str, Any]:

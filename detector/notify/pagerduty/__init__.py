@@ -1,0 +1,1 @@
+"""PagerDuty: the incident's page through the Events API v2, from the outbox."""
