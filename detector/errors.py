@@ -6,7 +6,8 @@ DetectorError                      root of every error raised on purpose; ``reas
 ├── StoreError                     the incident store failed (database, migrations)
 ├── StreamError                    the Kafka broker or client failed (poll, commit, produce)
 ├── RunbookError                   a runbook definition or its rendering is invalid
-├── ApprovalError                  a decision (approve, deny, arm, disarm, kill switch) was refused
+├── ApprovalError                  a decision (approve, deny, arm, disarm, kill switch,
+│                                  acknowledge, resolve, snooze) was refused
 ├── NotifyError                    Slack refused or could not be reached (``detector.notify.slack``)
 ├── PostmortemError                no such incident or verdict to export, or an unknown format
 ├── GpuError                       NVML failed (``detector.gpu.nvml``; reason: NVML's error name)
@@ -70,5 +71,7 @@ class ApprovalError(DetectorError):
 
     ``reason``: ``not_found`` (no such incident, step or workload), ``forbidden`` (not on the
     approver allow-list), ``conflict`` (the step is not waiting for approval: not requested
-    yet, or already approved, denied or expired).
+    yet, or already approved, denied or expired; an incident already resolved or
+    acknowledged), ``invalid`` (a lifecycle decision without what it needs: a resolve's reason,
+    a snooze's minutes in range).
     """
