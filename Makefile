@@ -1,6 +1,6 @@
 # make demo: replay the bundled recordings with the embedded defaults (SQLite, dry-run, console).
 # make live-demo: the bundled cascade live through a local Kafka-protocol broker (SPEED=1: as
-# recorded, 9 minutes; default 10x, about a minute), compared with its replay.
+# recorded, 9 minutes; default 10x, about 2 minutes), compared with its replay.
 # make test: lint, type-check, check the import contracts and run the whole test suite against
 # the real services.
 SHELL := /bin/bash

@@ -156,7 +156,7 @@ def _next_action(env: dict[str, str], keep: Path) -> None:
     if "waiting:" not in listing:
         _say(
             "no step waits for a person now: to approve one from the CLI, run it as recorded "
-            "(make live-demo SPEED=1) and approve step 3 while detector incidents lists it"
+            "(make live-demo SPEED=1) and approve step 4 while detector incidents lists it"
         )
         return
     sys.stdout.write(listing)

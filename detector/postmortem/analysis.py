@@ -518,9 +518,12 @@ def _climb_lines(
     before = [(r, v) for r, v in read if r.time < t0]
     start = before[-1] if before else after[0]
     text = f"pod {pod} {detail}"
-    if start[0] is not peak[0]:
-        text += f" {start[1]:.0%} at {hms(start[0].time)} →"
-    text += f" {peak[1]:.0%} at {hms(peak[0].time)}"
+    if start[0] is peak[0]:
+        text += f" {peak[1]:.0%} at {hms(peak[0].time)}"
+    elif f"{start[1]:.0%}" == f"{peak[1]:.0%}":  # no rise to tell: it stayed there
+        text += f" held at {peak[1]:.0%} from {hms(start[0].time)} to {hms(peak[0].time)}"
+    else:
+        text += f" {start[1]:.0%} at {hms(start[0].time)} → {peak[1]:.0%} at {hms(peak[0].time)}"
     return text, peak[0].time, [peak[0].source, start[0].source]
 
 
