@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -54,6 +54,18 @@ WORKLOAD_LABELS = ("workload", "deployment", "statefulset", "rollout", "leaderwo
 ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)  # Alertmanager's endsAt of an alert still firing
 
 
+def _in_utc(value: datetime) -> datetime:
+    """Return ``value`` in UTC; raises ValueError past the years 1..9999 there."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("the time is outside the years 1 to 9999 in UTC") from exc
+
+
+# RFC 3339 times carry their offset: a time without one is refused, not read as local time.
+Time = Annotated[AwareDatetime, AfterValidator(_in_utc)]
+
+
 class AlertIn(BaseModel):
     """One alert of the webhook payload."""
 
@@ -62,8 +74,8 @@ class AlertIn(BaseModel):
     status: Literal["firing", "resolved"]
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    starts_at: datetime = Field(alias="startsAt")
-    ends_at: datetime | None = Field(None, alias="endsAt")
+    starts_at: Time = Field(alias="startsAt")
+    ends_at: Time | None = Field(None, alias="endsAt")
     generator_url: str = Field("", alias="generatorURL", max_length=4096)
     fingerprint: str = Field(min_length=1, max_length=64)
 
@@ -124,20 +136,26 @@ def signal_of(alert: AlertIn) -> AlertSignal:
     """Return the signal of one alert: its name's signal, its labels' workload, its time.
 
     The workload: a ``workload``/``deployment``/``statefulset``/``rollout``/
-    ``leaderworkerset`` label, else the controller the ``pod`` (or ``exported_pod``) label's
-    name implies (``correlate.identity.classify_pod``), else a ``service`` label. The time is
-    ``endsAt`` for a resolved alert, else ``startsAt``.
+    ``leaderworkerset`` label, else the controller the pod label's name implies
+    (``correlate.identity.classify_pod``), else a service label. Where both are there,
+    ``exported_pod``/``exported_namespace``/``exported_service`` win over ``pod``/
+    ``namespace``/``service``: Prometheus renames a scraped metric's own label to
+    ``exported_<name>`` when the target has that label (``honor_labels: false``,
+    https://prometheus.io/docs/prometheus/latest/configuration/configuration/#scrape_config),
+    so the exported one names the pod the metric is about (dcgm-exporter's GPU user), the
+    plain one the exporter's pod. The time is ``endsAt`` for a resolved alert, else
+    ``startsAt``.
     """
     labels = alert.labels
     name = labels.get("alertname", "")[:MAX_LABEL_CHARS] or "unnamed"
-    namespace = _label(labels, "namespace", "exported_namespace")
-    pod = _label(labels, "pod", "exported_pod", "pod_name")
+    namespace = _label(labels, "exported_namespace", "namespace")
+    pod = _label(labels, "exported_pod", "pod", "pod_name")
     workload = _label(labels, *WORKLOAD_LABELS)
     if workload is None and pod is not None:
         kind, guessed, _ = classify_pod(pod, labels, None)
         workload = guessed if kind != "unknown" else None
     if workload is None:
-        workload = _label(labels, "service", "exported_service")
+        workload = _label(labels, "exported_service", "service")
     ended = alert.ends_at if alert.ends_at is not None and alert.ends_at > ZERO_TIME else None
     at = ended if alert.status == "resolved" and ended is not None else alert.starts_at
     words = alert.annotations.get("summary") or alert.annotations.get("description") or ""
@@ -174,6 +192,9 @@ def receive(payload: WebhookIn, *, session: Session, now: datetime) -> list[Rece
 
 def _receive_one(group_key: str, alert: AlertIn, session: Session, now: datetime) -> Received:
     sig = signal_of(alert)
+    # An alert cannot start after it arrives: a later time (a skewed clock, a forged payload)
+    # would move its incident's last update into the future, where it would stay.
+    sig = replace(sig, time=min(sig.time, now.timestamp()))
     key = dedupe_key(group_key, alert)
     incident = _open_incident(session, sig)
     outcome = _outcome(sig, incident)

@@ -11,7 +11,9 @@ the same allow-list check as an approval. ``detail["lifecycle"]`` names the act:
 - ``snoozed``: Slack's thread holds its replies for N minutes (``snoozed_until``); the
   timeline keeps everything and the thread tells it when the snooze ends.
 
-Refusals (``ApprovalError``, nothing changed): ``forbidden`` (not on the allow-list),
+Each first holds the incident's row (``_hold``): decisions on one incident take turns, so
+two people pressing Acknowledge at once record one acknowledgement. Refusals
+(``ApprovalError``, nothing changed): ``forbidden`` (not on the allow-list),
 ``conflict`` (resolved already; acknowledged already since it last opened), ``invalid`` (no
 reason to resolve, minutes out of 1..``MAX_SNOOZE_MIN``).
 """
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from detector.correlate.state import Stage
@@ -57,6 +59,7 @@ def acknowledge(
     *, session: Session, incident: Incident, actor: str, via: str, time: float
 ) -> TimelineEntry:
     """Record that ``actor`` acknowledged the incident; raises ApprovalError(``conflict``)."""
+    _hold(session, incident)
     _require_open(incident)
     found = latest(session, incident, Lifecycle.ACKNOWLEDGED)
     opened = latest(session, incident, Lifecycle.REOPENED)
@@ -72,6 +75,7 @@ def resolve(
 ) -> TimelineEntry:
     """Resolve the incident now with ``reason``; raises ApprovalError(``conflict``,
     ``invalid``)."""
+    _hold(session, incident)
     _require_open(incident)
     why = " ".join(reason.split())[:MAX_REASON_CHARS]
     if not why:
@@ -89,6 +93,7 @@ def snooze(
 ) -> TimelineEntry:
     """Hold the incident's Slack replies for ``minutes``; raises ApprovalError(``conflict``,
     ``invalid``)."""
+    _hold(session, incident)
     _require_open(incident)
     if not 1 <= minutes <= MAX_SNOOZE_MIN:
         raise ApprovalError("invalid", f"snooze for 1 to {MAX_SNOOZE_MIN} minutes; "
@@ -151,6 +156,19 @@ def latest(session: Session, incident: Incident, act: Lifecycle) -> TimelineEntr
         .limit(1)
     )
     return session.scalars(stmt).first()
+
+
+def _hold(session: Session, incident: Incident) -> None:
+    """Take the incident's row for this transaction, then read it again: an UPDATE that
+    changes nothing holds the row lock on PostgreSQL and the write lock on SQLite, so two
+    people deciding at once take turns and the second sees what the first recorded."""
+    session.execute(
+        update(Incident)
+        .where(Incident.id == incident.id)
+        .values(updated_at=Incident.updated_at)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(incident)
 
 
 def _require_open(incident: Incident) -> None:

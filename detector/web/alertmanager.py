@@ -7,7 +7,8 @@ the token), with a token of ``DETECTOR_WEB__TOKENS``. Each alert joins the open 
 workload, or is kept as seen (``detector.incidents.alerts``). Answers: 200 with what became
 of each alert (``evidence``, ``seen``, ``verdict``, ``unattributed``, ``duplicate``); 401
 without valid credentials (before the body is read: ``detector.web.limits``); 400 for a body
-that is not the payload, with where and what is wrong, never the body; 413 over the body
+that is not the payload, with where (fields and indexes; a place the input names, such as
+a label's name, as ``<key>``) and what is wrong, never the body; 413 over the body
 bound; 503 when the store fails.
 """
 
@@ -29,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from detector.errors import StoreError
 from detector.incidents import alerts
+from detector.textsafe import printable
 from detector.web.auth import Auth
 from detector.web.deps import web
 
@@ -56,7 +58,8 @@ def sender(auth: Auth, request: Request) -> str:
     except (binascii.Error, UnicodeDecodeError) as exc:
         raise HTTPException(401, "malformed basic credentials", headers=CHALLENGE) from exc
     user, colon, password = decoded.partition(":")
-    owner = auth.login(password) if colon else None
+    # The password is the token exactly: no padding (``Auth.login`` forgives a form's blanks).
+    owner = auth.login(password) if colon and password == password.strip() else None
     if owner is None or owner != user:
         raise HTTPException(401, "invalid credentials", headers=CHALLENGE)
     return owner
@@ -88,13 +91,32 @@ def parse(body: bytes) -> alerts.WebhookIn:
     except ValidationError as exc:
         problems = [
             {
-                "loc": [str(p)[:MAX_PROBLEM_CHARS] for p in err.get("loc", ())],
+                "loc": [_place(p) for p in err.get("loc", ())],
                 "msg": str(err.get("msg", ""))[:MAX_PROBLEM_CHARS],
             }
             for err in exc.errors(include_input=False)[:MAX_PROBLEMS]
         ]
         raise HTTPException(400, {"reason": "not an Alertmanager webhook payload (version 4)",
                                   "problems": problems}) from exc  # fmt: skip
+
+
+def _field_names() -> frozenset[str]:
+    names: set[str] = set()
+    for model in (alerts.WebhookIn, alerts.AlertIn):
+        for name, field in model.model_fields.items():
+            names.update(n for n in (name, field.alias) if n)
+    return frozenset(names)
+
+
+FIELDS = _field_names()
+KEY = "<key>"  # a place named by the input (a label's name): never echoed
+
+
+def _place(part: object) -> str | int:
+    """Return one step of an error's place: an index, a field of the payload, else ``KEY``."""
+    if isinstance(part, int):
+        return part
+    return part if isinstance(part, str) and part in FIELDS else KEY
 
 
 @router.post(PATH)
@@ -106,7 +128,8 @@ async def receive(request: Request) -> Any:
     try:
         received = await run_in_threadpool(_store, ctx.session, payload)
     except StoreError as exc:
-        log.warning("store failed alertmanager group=%s error=%s", payload.group_key[:80], exc)
+        log.warning("store failed alertmanager group=%s error=%s",
+                    printable(payload.group_key[:80], one_line=True), exc)  # fmt: skip
         raise HTTPException(503, "the incident store is unavailable") from exc
     ctx.changed()
     new = [r for r in received if r.outcome != "duplicate"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,3 +39,20 @@ def serving(settings: Settings) -> Iterator[str]:
     finally:
         uv.should_exit = True
         thread.join(timeout=10)
+
+
+def announce_oversized(url: str, headers: dict[str, str], length: int) -> int:
+    """POST to ``url`` headers announcing a ``length``-byte body and only its first KiB; return
+    the status. The server answers on the header alone and closes: a client still sending the
+    whole body then fails with a broken pipe or a reset before it reads the answer (seen under
+    load)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.putrequest("POST", parts.path)
+        for name, value in {**headers, "Content-Length": str(length)}.items():
+            conn.putheader(name, value)
+        conn.endheaders(b"x" * 1024)
+        return conn.getresponse().status
+    finally:
+        conn.close()

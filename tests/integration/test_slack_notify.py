@@ -8,7 +8,6 @@ time): cut after the first death it is ``suspected``; cut after the fourth it is
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import serving
+from http_helpers import announce_oversized, serving
 from recordings import AWAITING_S, awaiting_in_2025, cascade
 from slack_emulator import SlackEmulator, block_actions_payload, signed_request
 from sqlalchemy import select
@@ -176,22 +175,6 @@ def _post(base: str, body: bytes, headers: dict[str, str]) -> int:
         return exc.code
 
 
-def _announce_oversized(base: str, headers: dict[str, str], length: int) -> int:
-    """POST headers announcing a ``length``-byte body and only its first bytes; return the
-    status. The server answers on the header alone and closes: a client still sending the
-    whole body then fails with a broken pipe before it reads the answer (seen under load)."""
-    url = urllib.parse.urlsplit(base)
-    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=10)
-    try:
-        conn.putrequest("POST", "/slack/interactions")
-        for name, value in {**headers, "Content-Length": str(length)}.items():
-            conn.putheader(name, value)
-        conn.endheaders(b"x" * 1024)
-        return conn.getresponse().status
-    finally:
-        conn.close()
-
-
 def test_signed_http_clicks_go_through_the_decide_flow(
     slack_emulator: SlackEmulator, tmp_path: Path
 ) -> None:
@@ -202,7 +185,7 @@ def test_signed_http_clicks_go_through_the_decide_flow(
         body, headers = signed_request(SECRET, click)
         assert _post(base, body, {**headers, "X-Slack-Signature": "v0=" + "0" * 64}) == 401
         assert _post(base, body, {"Content-Type": headers["Content-Type"]}) == 401  # unsigned
-        assert _announce_oversized(base, headers, 2 << 20) == 413
+        assert announce_oversized(base + "/slack/interactions", headers, 2 << 20) == 413
         stale, stale_headers = signed_request(SECRET, _click(emu, "U42"),
                                               timestamp=int(time.time()) - 400)  # fmt: skip
         assert _post(base, stale, stale_headers) == 401

@@ -7,11 +7,15 @@ lifted (``step:<step>:applied``, ``restarted``, ``rolled_back``, ``removed``, ``
 ``time`` (epoch milliseconds), ``tags`` (strings), ``text``, and ``dashboardUID`` when
 configured. Tags: the configured ones, then ``namespace:<ns>``, ``workload:<name>``,
 ``incident:<key>`` and ``stage:<stage>`` or ``step:<action>``, so a dashboard's annotation
-query can pick one workload's incidents. Text is stripped of control characters.
+query can pick one workload's incidents. Text is stripped of control characters and its
+``&``, ``<`` and ``>`` escaped: Grafana's annotation tooltip renders ``text`` as (sanitized)
+HTML (``AnnotationTooltipBody``, ``dangerouslySetInnerHTML`` of ``textUtil.sanitize``), where a
+person's resolve reason would otherwise become a link or an image on the team's dashboards.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -55,11 +59,11 @@ def body(
         f"incident:{inc['key']}",
         what,
     ]
-    text = (DRILL if drill else "") + printable(str(entry["message"]))
+    text = ((DRILL if drill else "") + printable(str(entry["message"])))[:MAX_TEXT_CHARS]
     out: dict[str, Any] = {
         "time": time_ms(str(entry["time"])),
         "tags": [printable(t, one_line=True)[:MAX_TAG_CHARS] for t in found],
-        "text": text[:MAX_TEXT_CHARS],
+        "text": html.escape(text, quote=False),
     }
     if dashboard_uid:
         out["dashboardUID"] = dashboard_uid

@@ -65,8 +65,8 @@ class GrafanaSender:
         self._grafana: GrafanaSettings = settings.grafana
         self._make_session = make_session
         self._http = http or httpx.Client(timeout=self._grafana.timeout_s)
-        token = self._grafana.token.get_secret_value() if self._grafana.token else ""
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._token = self._grafana.token.get_secret_value() if self._grafana.token else ""
+        self._headers = {"Authorization": f"Bearer {self._token}"}
         self._url = self._grafana.url.rstrip("/") + "/api/annotations"
 
     def close(self) -> None:
@@ -94,7 +94,8 @@ class GrafanaSender:
         if annotation is None:
             delivery.give_up(session=session, event=event, error="the entry is gone")
             return 0
-        answer = webhook.send(self._http, self._url, annotation, self._headers)
+        answer = webhook.send(self._http, self._url, annotation, self._headers,
+                              redact=[self._token])  # fmt: skip
         if answer.sent:
             delivery.mark_sent(session=session, event=event)
             return 1

@@ -73,7 +73,8 @@ class PagerSender:
         if body is None:
             delivery.mark_sent(session=session, event=event)  # its incident is gone
             return 0
-        answer = webhook.send(self._http, self._pd.events_url, body)
+        routing_key = self._pd.routing_key.get_secret_value() if self._pd.routing_key else ""
+        answer = webhook.send(self._http, self._pd.events_url, body, redact=[routing_key])
         if answer.sent:
             delivery.mark_sent(session=session, event=event)
             log.info("pagerduty event sent action=%s incident_id=%d", event.action,
