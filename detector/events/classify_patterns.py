@@ -106,6 +106,7 @@ GATE_TOKENS: Final = (
     "sigquit",
     "encountered",
     "no space left",
+    "free space",
     "not_initialized",
     "serve at least",
     "fatal signal",
@@ -170,6 +171,16 @@ EXCLUDE: Final = _rules(
         "onnxruntime_arena_cpu_hint",
     ),
     (("hostalloc",), r"HostAlloc\w*.{0,160}out of memory", AMB, "pytorch", "pinned_host_memory"),
+    (  # pinned (page-locked) host memory in the CUDA runtime's device-OOM words: cudaMallocHost,
+        # cudaHostRegister, cuMemAllocHost (https://github.com/ashalliants/ninfer-3090/pull/25,
+        # https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__MEMORY.html)
+        ("mallochost", "hostregister"),  # cuMemAllocHost has "mallochost" too
+        r"^(?=.*(?:MallocHost|HostRegister))"
+        r".*(?:out of memory|OUT_OF_MEMORY|MemoryAllocation|alloc\w* fail)",
+        AMB,
+        "cuda",
+        "pinned_host_memory",
+    ),
     (("on host",), r"\balloc\w* \d+ bytes on host", AMB, "tensorflow", "pinned_host_memory"),
     (("may not be an issue",), r"OUT_OF_MEMORY.{0,20}may not be an issue", AMB, "cuda", "retried"),
     # a scheduler or builder that recovers on its own: SGLang retracts requests
@@ -247,6 +258,15 @@ GPU_RULES: Final = _rules(
         "kv_pool_sizing",
     ),
     (OOM, r"\bPrefill out of memory\b", GPU, "sglang", "prefill_oom"),
+    (  # PyTorch's device caching allocator, whatever the backend's name (torch_npu, torch_mlu,
+        # torch_musa ... copy it): "<backend> out of memory. Tried to allocate N"; the CPU
+        # allocator words it otherwise ("DefaultCPUAllocator: not enough memory")
+        OOM,
+        r"(?-i:\b[A-Z][A-Za-z0-9_]{1,15}) out of memory\. Tried to allocate\b",
+        GPU,
+        "pytorch",
+        "pytorch_oom",
+    ),
     (  # the KV pool full, nothing left to retract: https://github.com/sgl-project/sglang/issues/4602
         OOM,
         r"\bDecode out of memory\. Try",

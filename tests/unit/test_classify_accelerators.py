@@ -25,7 +25,7 @@ from detector.events.model import LogLine, SignalKind, SourcePos
 from detector.postmortem.analysis import _oom_text
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-MEASURED_RECALL = 36 / 38  # what the rule reaches there now: no regression below it
+MEASURED_RECALL = 37 / 38  # what the rule reaches there now: no regression below it
 
 
 def _load(name: str) -> list[dict[str, Any]]:
