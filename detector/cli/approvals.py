@@ -314,6 +314,7 @@ def serve_cmd(
     import uvicorn
 
     from detector.web.app import create_app, server_config
+    from detector.web.auth import is_loopback
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     try:
@@ -322,8 +323,12 @@ def serve_cmd(
     except DetectorError as exc:
         typer.echo(printable(f"error: {exc}", one_line=True), err=True)
         raise typer.Exit(2) from exc
-    if not settings.web.tokens:
-        typer.echo("warning: no DETECTOR_WEB__TOKENS: every API request will be refused", err=True)
+    if not settings.web.tokens and not settings.web.trusted_proxy_header:
+        web = settings.web
+        reads = "pages and reads are open" if web.public_read or is_loopback(web.host) else (
+            "nobody can log in to read")  # fmt: skip
+        typer.echo(f"warning: no DETECTOR_WEB__TOKENS: {reads}; every decision, alert and "
+                   "lifecycle request is refused (no identity)", err=True)  # fmt: skip
     if not settings.containment.approvers:
         typer.echo("warning: no DETECTOR_CONTAINMENT__APPROVERS: nobody may decide", err=True)
     if settings.slack.enabled:

@@ -68,7 +68,7 @@ _DONE = frozenset(
 )
 
 
-def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str | None, str]:
+def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str | None, str | None]:
     """Return (target, content before, content after) that a step would change, as text.
 
     Quarantine: the gateway's admission rule (nginx ``client_max_body_size``; before: none).
@@ -81,8 +81,8 @@ def dry_run_change(action: Action, params: Mapping[str, str]) -> tuple[str, str 
     if action is Action.QUARANTINE_REQUESTS:
         target = f"gateway admission rule of {p.get('namespace')}/{p.get('ingress')}"
         size = coerce_int(p.get("max_body_bytes"))
-        after = f"client_max_body_size {size // 1024}k; # 413 over it\n" if size else "none\n"
-        return target, None, after
+        after = f"client_max_body_size {size // 1024}k; # 413 over it\n" if size else None
+        return target, None, after  # no size: no request class, nothing to change
     if action is Action.LOWER_BATCH_CEILING:
         where = f"{p.get('workload_kind')}/{p.get('namespace')}/{p.get('workload')}"
         target = f"{where} container {p.get('set_via', 'args')}"

@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from detector.actuators.base import ActionResult, Status
+from detector.capacity.numbers import coerce_int
 from detector.runbooks.definition import Action, Lift, OnFailure
 from detector.runbooks.health import Health, evaluate, hms, spread
 from detector.runbooks.planner import PlannedStep
@@ -359,6 +360,8 @@ def plan_text(step: PlannedStep) -> str:
         )
     if step.action is Action.LOWER_BATCH_CEILING:
         return f"{p.get('current_settings', '?')} -> {p.get('settings', '?')}"
+    if step.action is Action.QUARANTINE_REQUESTS and coerce_int(p.get("max_body_bytes")) is None:
+        return f"nothing to refuse: no request class stands out (mechanism {p.get('mechanism')})"
     if step.action is Action.QUARANTINE_REQUESTS:
         return (
             f"refuse requests over {p.get('max_body_bytes')} bytes at the gateway with "
