@@ -99,7 +99,9 @@ def postmortem_cmd(
 
 
 def _write(export: Export, output: Path) -> None:
-    """Write the document to ``output`` and its plot files beside it."""
+    """Write the document to ``output`` (its folder made when missing) and its plot files
+    beside it."""
+    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(export.data)
     for name, svg in export.plots:
         (output.parent / name).write_text(svg, encoding="utf-8")

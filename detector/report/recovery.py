@@ -15,8 +15,9 @@ stage entry (lower ``id``: the store's order, so a later entry never changes it)
   it was undone: ``rolled_back`` to state ``rolled_back``, or ``removed`` to state ``lifted``.
   A ``withdrawn`` step never acted (its precondition went before it did). Relaxations
   (``lifted``) and resizes leave a step in force.
-- ``containment`` when at least one step is in force at the stage change; otherwise the pods
-  recovered by themselves (``pods``): no step had changed the cluster (dry-run steps only
+- ``containment`` when at least one step is in force at the stage change; otherwise the cascade
+  stopped without containment (``pods``: no new death and the 5xx under the threshold, which
+  says nothing of whether a dead pod is back): no step had changed the cluster (dry-run steps only
   recorded what they would do: ``dry_run_steps``), or what changed it had been undone
   (``reverted_steps``).
 
@@ -49,7 +50,7 @@ class RecoveredBy(StrEnum):
     """What brought an incident to ``contained``."""
 
     CONTAINMENT = "containment"  # a step that changed the cluster was in force
-    PODS = "pods"  # no step changed the cluster: the pods recovered by themselves
+    PODS = "pods"  # no step changed the cluster: the cascade stopped without containment
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ class Recovery:
             why.append("dry-run")
         elif not self.reverted_steps:
             why.append("none was applied")
-        return f"the pods recovered by themselves ({'; '.join(why)})"
+        return f"the cascade stopped without containment ({'; '.join(why)})"
 
     def as_detail(self) -> dict[str, Any]:
         """Return the stage entry's ``detail``: recovered_by, steps, dry_run_steps,

@@ -151,8 +151,8 @@ def test_golden(store: Store, fmt: str) -> None:
 
 
 def test_two_exports_are_the_same_bytes_with_their_plots(store: Store, tmp_path: Path) -> None:
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
+    (tmp_path / "a").mkdir()
+    for name in ("a", "b"):  # b: the folder is made
         proc = detector("postmortem", KEY, "--db", store.url, "-o", str(tmp_path / name / "pm.md"))
         assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in (tmp_path / "a").iterdir())

@@ -221,11 +221,11 @@ def test_a_dry_run_cascade_was_contained_by_its_pods_not_by_containment(
     demo: dict[str, Any],
 ) -> None:
     """Every step of the replay ran in dry-run: nothing changed the cluster, so ``contained``
-    says the pods recovered by themselves (``detector.report.recovery``)."""
+    says the cascade stopped without containment (``detector.report.recovery``)."""
     inc = demo["incidents"][0]
     (contained,) = [t for t in inc["timeline"] if t["message"].startswith("stage -> contained")]
     assert contained["message"].endswith(
-        "; the pods recovered by themselves (no step changed the cluster; dry-run)"
+        "; the cascade stopped without containment (no step changed the cluster; dry-run)"
     )
     recovery = contained["detail"]
     assert recovery["recovered_by"] == "pods" and recovery["steps"] == []

@@ -115,7 +115,10 @@ def test_a_kept_runs_postmortem_counts_what_the_simulator_answered_in_its_span(
     assert outcome.attempts_429 + outcome.attempts_413 >= ours["shed"]
     if mode is Containment.ON:
         assert ours["shed"] == outcome.attempts_413 > 0 and outcome.attempts_429 == 0
-    said = {"containment": "containment did it (", "pods": "the pods recovered by themselves ("}
+    said = {
+        "containment": "containment did it (",
+        "pods": "the cascade stopped without containment (",
+    }
     assert impact["recovered_by"] == by and impact["recovery"].startswith(said[by])
 
 

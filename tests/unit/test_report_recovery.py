@@ -35,10 +35,10 @@ def entry(
     ("moves", "by", "in_force", "text"),
     [
         ([], RecoveredBy.PODS, [],
-         "the pods recovered by themselves (no step changed the cluster; "
+         "the cascade stopped without containment (no step changed the cluster; "
          "none was applied)"),
         ([move(3, "auto_approved", None), move(3, "applied", "dry_run")], RecoveredBy.PODS, [],
-         "the pods recovered by themselves (no step changed the cluster; dry-run)"),
+         "the cascade stopped without containment (no step changed the cluster; dry-run)"),
         ([move(3, "applied")], RecoveredBy.CONTAINMENT, [3],
          "containment did it (step 3 enable_rate_limit applied)"),
         ([move(1, "applied"), move(3, "applied"), move(3, "lifted")], RecoveredBy.CONTAINMENT,
@@ -46,14 +46,14 @@ def entry(
          "applied)"),
         # a live apply that failed restored the previous state: it changed nothing
         ([move(2, "applied", state="failed")], RecoveredBy.PODS, [],
-         "the pods recovered by themselves (no step changed the cluster; "
+         "the cascade stopped without containment (no step changed the cluster; "
          "none was applied)"),
         # undone before the stage change: no longer what held the incident
         ([move(2, "applied"), move(2, "rolled_back", state="rolled_back")], RecoveredBy.PODS, [],
-         "the pods recovered by themselves (no step in force; "
+         "the cascade stopped without containment (no step in force; "
          "step 2 lower_batch_ceiling undone before)"),
         ([move(1, "applied"), move(1, "removed", state="lifted")], RecoveredBy.PODS, [],
-         "the pods recovered by themselves (no step in force; "
+         "the cascade stopped without containment (no step in force; "
          "step 1 quarantine_requests undone before)"),
         # a removal that failed (state unchanged) leaves the step in force
         ([move(1, "applied"), move(1, "removed", state="verified")], RecoveredBy.CONTAINMENT,
@@ -86,7 +86,7 @@ def test_only_the_moves_recorded_before_the_stage_change_count() -> None:
     assert first.detail == {
         "recovered_by": "pods", "steps": [],
         "dry_run_steps": [{"position": 3, "step": "enable_rate_limit"}], "reverted_steps": [],
-        "attribution": "the pods recovered by themselves (no step changed the "
+        "attribution": "the cascade stopped without containment (no step changed the "
         "cluster; dry-run)",
     }  # fmt: skip
     assert second.detail is not None and second.detail["recovered_by"] == "containment"
