@@ -139,6 +139,28 @@ def give_up(*, session: Session, event: OutboxEvent, error: str) -> None:
     session.commit()
 
 
+def drain(
+    make_session: Callable[[], Session],
+    target: str,
+    lease_s: float,
+    send: Callable[[Session, OutboxEvent], int],
+) -> int:
+    """Send every due event of ``target``, each claimed in a session of its own, up to the
+    first held for a later try; return how many were sent. ``send`` answers 1 (sent), 0 (not
+    sent, closed) or -1 (held for a later try: the next drain, woken or polled, takes it up).
+    Raises StoreError."""
+    sent = 0
+    while True:
+        with make_session() as session:
+            event = take(session=session, target=target, lease_s=lease_s)
+            if event is None:
+                return sent
+            done = send(session, event)
+            if done < 0:
+                return sent
+            sent += done
+
+
 class Worker:
     """Run ``drain`` in a background thread whenever ``wake()`` is called, at least every
     ``POLL_S``; ``close`` is called once it stops."""

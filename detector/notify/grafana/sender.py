@@ -76,17 +76,7 @@ class GrafanaSender:
     def drain(self) -> int:
         """Post every due annotation, up to the first held for a later try; return how many
         were posted. Raises StoreError."""
-        sent = 0
-        while True:
-            with self._make_session() as session:
-                lease_s = self._grafana.lease_s
-                event = delivery.take(session=session, target=TARGET, lease_s=lease_s)
-                if event is None:
-                    return sent
-                done = self._send(session, event)
-                if done < 0:
-                    return sent  # held for a later try: the next drain (woken or polled)
-                sent += done
+        return delivery.drain(self._make_session, TARGET, self._grafana.lease_s, self._send)
 
     def _send(self, session: Session, event: OutboxEvent) -> int:
         """Send one claimed event: 1 sent, 0 not (closed), -1 held for a later try."""

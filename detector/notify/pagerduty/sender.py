@@ -54,18 +54,7 @@ class PagerSender:
     def drain(self) -> int:
         """Send every due event, up to the first held for a later try; return how many were
         sent. Raises StoreError."""
-        sent = 0
-        while True:
-            with self._make_session() as session:
-                event = delivery.take(
-                    session=session, target=queue.TARGET, lease_s=self._pd.lease_s
-                )
-                if event is None:
-                    return sent
-                done = self._send(session, event)
-                if done < 0:
-                    return sent  # held for a later try: the next drain (woken or polled)
-                sent += done
+        return delivery.drain(self._make_session, queue.TARGET, self._pd.lease_s, self._send)
 
     def _send(self, session: Session, event: OutboxEvent) -> int:
         """Send one claimed event: 1 sent, 0 not (closed), -1 held for a later try."""
