@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from detector.cli.exits import fail, interruptible
+from detector.cli.options import Container, Namespace, Owner, Pod, WorkloadsFile
 from detector.cli.settings import cli_settings
 from detector.config import load_workload_map
 from detector.correlate.identity import WorkloadResolver
@@ -78,17 +79,11 @@ class RecordView:
 def explain_cmd(
     paths: Annotated[list[Path], typer.Argument(help="recorded files or folders")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
-    workloads: Annotated[
-        Path | None, typer.Option(help="YAML mapping of upstream names to workloads")
-    ] = None,
-    namespace: Annotated[
-        str | None, typer.Option(help="namespace of plain-text log lines (with --pod)")
-    ] = None,
-    pod: Annotated[str | None, typer.Option(help="pod that wrote plain-text log lines")] = None,
-    container: Annotated[str | None, typer.Option(help="container of plain-text lines")] = None,
-    workload: Annotated[
-        str | None, typer.Option(help="owner of --pod: NAME (Deployment) or KIND/NAME")
-    ] = None,
+    workloads: WorkloadsFile = None,
+    namespace: Namespace = None,
+    pod: Pod = None,
+    container: Container = None,
+    workload: Owner = None,
     limit: Annotated[
         int, typer.Option(min=0, help="records listed (the summary counts all); 0: every one")
     ] = DEFAULT_LIMIT,

@@ -26,6 +26,7 @@ from detector.cli.classify import classify_cmd
 from detector.cli.exits import INTERRUPTED, fail, interruptible
 from detector.cli.explain import explain_cmd
 from detector.cli.gpu import gpu_sample_cmd
+from detector.cli.options import Container, Namespace, Owner, Pod, WorkloadsFile
 from detector.cli.postmortem import postmortem_cmd
 from detector.cli.report import render_report
 from detector.cli.settings import cli_settings as _settings
@@ -73,17 +74,11 @@ def replay_cmd(
     database_url: Annotated[
         str | None, typer.Option("--db", help="SQLAlchemy URL (default: DETECTOR_DATABASE__URL)")
     ] = None,
-    workloads: Annotated[
-        Path | None, typer.Option(help="YAML mapping of upstream names to workloads")
-    ] = None,
-    namespace: Annotated[
-        str | None, typer.Option(help="namespace of plain-text log lines (with --pod)")
-    ] = None,
-    pod: Annotated[str | None, typer.Option(help="pod that wrote plain-text log lines")] = None,
-    container: Annotated[str | None, typer.Option(help="container of plain-text lines")] = None,
-    workload: Annotated[
-        str | None, typer.Option(help="owner of --pod: NAME (Deployment) or KIND/NAME")
-    ] = None,
+    workloads: WorkloadsFile = None,
+    namespace: Namespace = None,
+    pod: Pod = None,
+    container: Container = None,
+    workload: Owner = None,
     notify: Annotated[
         bool, typer.Option("--notify", help="post the incidents to Slack (DETECTOR_SLACK__*)")
     ] = False,
